@@ -1,0 +1,155 @@
+// Bindings of the datastore builder, the mapped datastore and batched search. Validation and conversion
+// only; the algorithms are in csrc/core.
+#include <cstring>
+
+#include "bindings/common.h"
+
+namespace sssd_py {
+
+namespace {
+
+template <class T>
+void add_typed(sssd::DatastoreBuilder& b, const py::array& tokens, const int64_t* offsets, int64_t docs) {
+  const T* data = static_cast<const T*>(tokens.data());
+  const auto n = static_cast<int64_t>(tokens.shape(0));
+  py::gil_scoped_release release;
+  b.add_documents(data, n, offsets, docs);
+}
+
+void builder_add(sssd::DatastoreBuilder& b, const py::array& tokens, const py::array& offsets) {
+  if (tokens.ndim() != 1 || !(tokens.flags() & py::array::c_style)) {
+    throw py::value_error("tokens must be a 1-D C-contiguous array");
+  }
+  if (!offsets.dtype().is(py::dtype::of<int64_t>()) || offsets.ndim() != 1 ||
+      !(offsets.flags() & py::array::c_style) || offsets.shape(0) < 1) {
+    throw py::type_error("offsets must be a non-empty 1-D C-contiguous int64 array");
+  }
+  const auto* off = static_cast<const int64_t*>(offsets.data());
+  const auto docs = static_cast<int64_t>(offsets.shape(0)) - 1;
+  const py::dtype dt = tokens.dtype();
+  if (dt.is(py::dtype::of<int32_t>())) return add_typed<int32_t>(b, tokens, off, docs);
+  if (dt.is(py::dtype::of<int64_t>())) return add_typed<int64_t>(b, tokens, off, docs);
+  if (dt.is(py::dtype::of<uint16_t>())) return add_typed<uint16_t>(b, tokens, off, docs);
+  if (dt.is(py::dtype::of<uint32_t>())) return add_typed<uint32_t>(b, tokens, off, docs);
+  throw py::type_error("tokens must have an integer dtype (int32, int64, uint16 or uint32), got " +
+                       std::string(py::str(dt)));
+}
+
+template <class T>
+py::array_t<T> to_numpy(const std::vector<T>& v) {
+  py::array_t<T> a(static_cast<py::ssize_t>(v.size()));
+  if (!v.empty()) std::memcpy(a.mutable_data(), v.data(), v.size() * sizeof(T));
+  return a;
+}
+
+// Flattens per-context tries into (tokens, parents, counts, depth, match_len, offsets).
+py::tuple flatten(const std::vector<sssd::CandidateTrie>& tries) {
+  py::array_t<int64_t> offsets(static_cast<py::ssize_t>(tries.size() + 1));
+  auto* off = offsets.mutable_data();
+  off[0] = 0;
+  for (size_t i = 0; i < tries.size(); ++i) off[i + 1] = off[i] + tries[i].size();
+  const auto total = static_cast<py::ssize_t>(off[tries.size()]);
+  py::array_t<int32_t> tokens(total), parents(total), counts(total), depth(total), match_len(total);
+  auto copy = [&](py::array_t<int32_t>& dst, auto field) {
+    int32_t* d = dst.mutable_data();
+    for (size_t i = 0; i < tries.size(); ++i) {
+      const std::vector<int32_t>& src = tries[i].*field;
+      std::memcpy(d + off[i], src.data(), src.size() * sizeof(int32_t));
+    }
+  };
+  copy(tokens, &sssd::CandidateTrie::tokens);
+  copy(parents, &sssd::CandidateTrie::parents);
+  copy(counts, &sssd::CandidateTrie::counts);
+  copy(depth, &sssd::CandidateTrie::depth);
+  copy(match_len, &sssd::CandidateTrie::match_len);
+  return py::make_tuple(tokens, parents, counts, depth, match_len, offsets);
+}
+
+py::tuple search(const std::vector<const sssd::Datastore*>& shards, const py::sequence& contexts,
+                 const sssd::SearchParams& params) {
+  sssd::validate_search_params(params);
+  std::vector<sssd::DatastoreView> views;
+  for (const auto* s : shards) {
+    if (s == nullptr) throw py::type_error("shards must be Datastore objects");
+    views.push_back(s->view());
+  }
+  std::vector<sssd::TokenSpan> spans;
+  spans.reserve(contexts.size());
+  for (size_t i = 0; i < contexts.size(); ++i) {
+    spans.push_back(int32_span(contexts[i], "contexts[" + std::to_string(i) + "]"));
+  }
+  std::vector<sssd::CandidateTrie> tries;
+  {
+    py::gil_scoped_release release;
+    sssd::search_batch(views, spans, params, tries);
+  }
+  return flatten(tries);
+}
+
+}  // namespace
+
+void bind_datastore(py::module_& m) {
+  py::class_<sssd::SearchParams>(m, "SearchParams")
+      .def(py::init([](int32_t max_query_len, int32_t min_query_len, int64_t min_occurrences,
+                       int32_t max_samples, int32_t max_depth) {
+             sssd::SearchParams p{max_query_len, min_query_len, min_occurrences, max_samples, max_depth};
+             sssd::validate_search_params(p);
+             return p;
+           }),
+           py::arg("max_query_len"), py::arg("min_query_len"), py::arg("min_occurrences"),
+           py::arg("max_samples"), py::arg("max_depth"));
+
+  py::class_<sssd::DatastoreBuilder>(m, "Builder")
+      .def(py::init<uint64_t, std::string, bool>(), py::arg("vocab_size"), py::arg("fingerprint"),
+           py::arg("force_sa64") = false)
+      .def("add", &builder_add, py::arg("tokens"), py::arg("offsets"),
+           "Append documents tokens[offsets[k]:offsets[k+1]].")
+      .def_property_readonly("num_tokens", &sssd::DatastoreBuilder::num_tokens)
+      .def_property_readonly("num_documents", &sssd::DatastoreBuilder::num_documents)
+      .def(
+          "finish",
+          [](sssd::DatastoreBuilder& b, const std::string& path, py::object progress) {
+            auto fn = progress_fn(std::move(progress));
+            py::gil_scoped_release release;
+            b.finish(path, fn);
+          },
+          py::arg("path"), py::arg("progress") = py::none());
+
+  py::class_<sssd::Datastore>(m, "Datastore")
+      .def(py::init([](const std::string& path) {
+             py::gil_scoped_release release;
+             return new sssd::Datastore(path);
+           }),
+           py::arg("path"))
+      .def_property_readonly("path", &sssd::Datastore::path)
+      .def_property_readonly("fingerprint", &sssd::Datastore::fingerprint)
+      .def_property_readonly("version", [](const sssd::Datastore& d) { return d.header().version; })
+      .def_property_readonly("vocab_size", [](const sssd::Datastore& d) { return d.header().vocab_size; })
+      .def_property_readonly("num_tokens", [](const sssd::Datastore& d) { return d.header().num_tokens; })
+      .def_property_readonly("num_documents",
+                             [](const sssd::Datastore& d) { return d.header().num_documents; })
+      .def_property_readonly("token_width", [](const sssd::Datastore& d) { return d.header().token_width; })
+      .def_property_readonly("sa_width", [](const sssd::Datastore& d) { return d.header().sa_width; })
+      .def_property_readonly("file_size", [](const sssd::Datastore& d) { return d.header().file_size; })
+      .def(
+          "document",
+          [](const sssd::Datastore& d, uint64_t k) {
+            std::vector<int32_t> out;
+            d.document(k, out);
+            return to_numpy(out);
+          },
+          py::arg("k"))
+      .def(
+          "verify",
+          [](const sssd::Datastore& d, py::object progress) {
+            auto fn = progress_fn(std::move(progress));
+            py::gil_scoped_release release;
+            d.verify(fn);
+          },
+          py::arg("progress") = py::none());
+
+  m.def("search", &search, py::arg("shards"), py::arg("contexts"), py::arg("params"),
+        "Batched continuation search; returns (tokens, parents, counts, depth, match_len, offsets).");
+}
+
+}  // namespace sssd_py

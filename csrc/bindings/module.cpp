@@ -1,0 +1,25 @@
+#include <system_error>
+
+#include "bindings/common.h"
+#include "core/parallel.h"
+
+namespace py = pybind11;
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "sssd native core (C++17): datastore, suffix arrays, search";
+  m.def("has_openmp", &sssd::have_openmp, "True when the core was built with OpenMP.");
+  m.def("max_threads", &sssd::max_threads, "Threads the core's parallel loops use.");
+  static py::exception<sssd::DatastoreError> datastore_error(m, "DatastoreError", PyExc_Exception);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const std::system_error& e) {
+      const int code = e.code().value();
+      PyObject* exc_type = code == ENOENT ? PyExc_FileNotFoundError : PyExc_OSError;
+      py::object err = py::reinterpret_steal<py::object>(
+          PyObject_CallFunction(exc_type, "is", code, e.what()));
+      PyErr_SetObject(exc_type, err.ptr());
+    }
+  });
+  sssd_py::bind_datastore(m);
+}

@@ -1,0 +1,116 @@
+#include "core/datastore_format.h"
+
+#include <cstring>
+#include <limits>
+
+namespace sssd {
+
+uint64_t fnv1a64(const void* data, size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < n; ++i) {
+    h ^= p[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+uint32_t token_width_for_vocab(uint64_t vocab_size) {
+  if (vocab_size == 0) throw std::invalid_argument("vocab_size must be at least 1");
+  if (vocab_size > kMaxVocabUint32) throw std::invalid_argument("vocab_size is too large");
+  return vocab_size <= kMaxVocabUint16 ? 2 : 4;
+}
+
+namespace {
+
+uint64_t align_up(uint64_t x) { return (x + kSectionAlign - 1) / kSectionAlign * kSectionAlign; }
+
+// a + b and a * b with overflow detection (header fields are untrusted).
+bool add_ok(uint64_t a, uint64_t b, uint64_t* out) { return !__builtin_add_overflow(a, b, out); }
+bool mul_ok(uint64_t a, uint64_t b, uint64_t* out) { return !__builtin_mul_overflow(a, b, out); }
+
+void check_section(const char* name, uint64_t offset, uint64_t count, uint64_t width, uint64_t file_size) {
+  uint64_t bytes = 0, end = 0;
+  if (offset < sizeof(DatastoreHeader) || offset % kSectionAlign != 0) {
+    throw DatastoreError(std::string("datastore header: ") + name + " section offset is invalid");
+  }
+  if (!mul_ok(count, width, &bytes) || !add_ok(offset, bytes, &end) || end > file_size) {
+    throw DatastoreError(std::string("datastore is truncated or corrupt: the ") + name +
+                         " section runs past the end of the file");
+  }
+}
+
+}  // namespace
+
+DatastoreHeader make_header(uint64_t vocab_size, uint64_t num_tokens, uint64_t num_documents,
+                            const std::string& fingerprint, bool force_sa64) {
+  if (fingerprint.size() >= kFingerprintBytes) {
+    throw std::invalid_argument("tokenizer fingerprint is longer than 119 bytes");
+  }
+  DatastoreHeader h;
+  std::memset(&h, 0, sizeof h);
+  std::memcpy(h.magic, kDatastoreMagic, sizeof h.magic);
+  h.version = kDatastoreVersion;
+  h.token_width = token_width_for_vocab(vocab_size);
+  h.vocab_size = vocab_size;
+  h.num_tokens = num_tokens;
+  h.num_documents = num_documents;
+  h.stream_length = num_tokens + num_documents;
+  const bool small = h.stream_length < static_cast<uint64_t>(std::numeric_limits<int32_t>::max());
+  h.sa_width = (small && !force_sa64) ? 4 : 8;
+  h.stream_offset = align_up(sizeof(DatastoreHeader));
+  h.doc_offsets_offset = align_up(h.stream_offset + h.stream_length * h.token_width);
+  h.sa_offset = align_up(h.doc_offsets_offset + (num_documents + 1) * 8);
+  h.file_size = h.sa_offset + num_tokens * h.sa_width;
+  std::memcpy(h.fingerprint, fingerprint.data(), fingerprint.size());
+  seal_header(h);
+  return h;
+}
+
+void seal_header(DatastoreHeader& h) {
+  h.header_checksum = fnv1a64(&h, offsetof(DatastoreHeader, header_checksum));
+}
+
+void validate_header(const DatastoreHeader& h, uint64_t actual_file_size) {
+  if (std::memcmp(h.magic, kDatastoreMagic, sizeof h.magic) != 0) {
+    throw DatastoreError("not an sssd datastore (bad magic bytes)");
+  }
+  if (h.version != kDatastoreVersion) {
+    throw DatastoreError("unsupported datastore format version " + std::to_string(h.version) +
+                         " (this sssd reads version " + std::to_string(kDatastoreVersion) +
+                         "); rebuild it with build-datastore");
+  }
+  if (h.header_checksum != fnv1a64(&h, offsetof(DatastoreHeader, header_checksum))) {
+    throw DatastoreError("datastore header checksum mismatch: the file is corrupt");
+  }
+  if (h.file_size != actual_file_size) {
+    throw DatastoreError("datastore is truncated or corrupt: header says " + std::to_string(h.file_size) +
+                         " bytes, file has " + std::to_string(actual_file_size));
+  }
+  if (h.vocab_size == 0 || h.vocab_size > kMaxVocabUint32) {
+    throw DatastoreError("datastore header: invalid vocab_size");
+  }
+  if (h.token_width != token_width_for_vocab(h.vocab_size)) {
+    throw DatastoreError("datastore header: token width does not match the vocabulary size");
+  }
+  if (h.sa_width != 4 && h.sa_width != 8) throw DatastoreError("datastore header: invalid sa_width");
+  uint64_t stream_length = 0, docs_plus_one = 0;
+  if (!add_ok(h.num_tokens, h.num_documents, &stream_length) || stream_length != h.stream_length ||
+      !add_ok(h.num_documents, 1, &docs_plus_one)) {
+    throw DatastoreError("datastore header: inconsistent token and document counts");
+  }
+  if (h.sa_width == 4 && h.stream_length >= static_cast<uint64_t>(std::numeric_limits<int32_t>::max())) {
+    throw DatastoreError("datastore header: int32 suffix array for a stream past 2^31 symbols");
+  }
+  if (h.num_tokens > 0 && h.num_documents == 0) {
+    throw DatastoreError("datastore header: tokens without documents");
+  }
+  if (h.fingerprint[kFingerprintBytes - 1] != '\0') {
+    throw DatastoreError("datastore header: tokenizer fingerprint is not terminated");
+  }
+  check_section("token stream", h.stream_offset, h.stream_length, h.token_width, actual_file_size);
+  check_section("document offsets", h.doc_offsets_offset, docs_plus_one, 8, actual_file_size);
+  check_section("suffix array", h.sa_offset, h.num_tokens, h.sa_width, actual_file_size);
+}
+
+}  // namespace sssd

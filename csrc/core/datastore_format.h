@@ -1,0 +1,69 @@
+// The datastore file format (version 1). All integers little-endian.
+//
+//   [0, 256)            Header (below)
+//   stream_offset       token stream: stream_length symbols of token_width bytes. A token t is stored
+//                       as t + 1; 0 ends every document (so the stream ends with 0). Matches therefore
+//                       never run across a document boundary, and a scan stops at the final 0 without
+//                       a bounds check.
+//   doc_offsets_offset  uint64[num_documents + 1]: document k is stream[doc[k], doc[k+1] - 1), the
+//                       separator at doc[k+1] - 1.
+//   sa_offset           suffix array: num_tokens stream positions (int32, or int64 when sa_width is 8)
+//                       of every real token, sorted by the suffix up to its document's end; a suffix
+//                       that ends first sorts first.
+//
+// Every section lies after the header, is 64-byte aligned, and inside file_size; validate_header()
+// checks all of it against the real file size before any section is touched.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace sssd {
+
+// Raised for files that are not datastores, are truncated or corrupt, or are incompatible.
+class DatastoreError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+constexpr char kDatastoreMagic[8] = {'S', 'S', 'S', 'D', 'S', 'T', 'O', 'R'};
+constexpr uint32_t kDatastoreVersion = 1;
+constexpr size_t kFingerprintBytes = 120;
+constexpr uint64_t kSectionAlign = 64;
+// uint16 symbols hold tokens 0..65534 (stored as 1..65535); larger vocabularies use uint32.
+constexpr uint64_t kMaxVocabUint16 = 65535;
+constexpr uint64_t kMaxVocabUint32 = 0xFFFFFFFEull;
+
+struct DatastoreHeader {
+  char magic[8];
+  uint32_t version;
+  uint32_t token_width;  // 2 or 4 bytes per stream symbol
+  uint32_t sa_width;     // 4 or 8 bytes per suffix-array entry
+  uint32_t flags;        // 0
+  uint64_t vocab_size;
+  uint64_t num_tokens;     // real tokens, separators excluded
+  uint64_t num_documents;  // including empty ones
+  uint64_t stream_length;  // num_tokens + num_documents
+  uint64_t stream_offset;
+  uint64_t doc_offsets_offset;
+  uint64_t sa_offset;
+  uint64_t file_size;
+  char fingerprint[kFingerprintBytes];  // tokenizer fingerprint, NUL-terminated
+  uint64_t reserved[5];
+  uint64_t header_checksum;  // FNV-1a 64 of the preceding 248 bytes
+};
+static_assert(sizeof(DatastoreHeader) == 256, "header must be 256 bytes");
+
+uint64_t fnv1a64(const void* data, size_t n);
+uint32_t token_width_for_vocab(uint64_t vocab_size);  // throws std::invalid_argument past the limit
+
+// Fills in offsets, widths, file size and checksum for a datastore of the given shape.
+DatastoreHeader make_header(uint64_t vocab_size, uint64_t num_tokens, uint64_t num_documents,
+                            const std::string& fingerprint, bool force_sa64);
+void seal_header(DatastoreHeader& h);  // recomputes the checksum
+
+// Checks the header against the actual file size; throws DatastoreError with a precise message.
+void validate_header(const DatastoreHeader& h, uint64_t actual_file_size);
+
+}  // namespace sssd

@@ -1,0 +1,53 @@
+// parallel_for: OpenMP over an index range with exceptions captured per thread and rethrown after the
+// region (an exception must never escape an OpenMP region: that would call std::terminate).
+#pragma once
+#include <cstdint>
+#include <exception>
+#include <atomic>
+#include <mutex>
+#if SSSD_HAVE_OPENMP
+#include <omp.h>
+#endif
+
+namespace sssd {
+
+inline bool have_openmp() { return SSSD_HAVE_OPENMP != 0; }
+
+inline int max_threads() {
+#if SSSD_HAVE_OPENMP
+  return omp_get_max_threads();
+#else
+  return 1;
+#endif
+}
+
+// Calls fn(i) for i in [0, n). Runs serially when n < min_parallel (thread start-up costs more than the
+// work for tiny batches). The first exception thrown by any iteration is rethrown on the caller's thread;
+// remaining iterations are skipped once one failed.
+template <class Fn>
+void parallel_for(int64_t n, Fn&& fn, int64_t min_parallel = 2) {
+  if (n <= 0) return;
+#if SSSD_HAVE_OPENMP
+  if (n >= min_parallel && omp_get_max_threads() > 1) {
+    std::exception_ptr error;
+    std::mutex error_mutex;
+    std::atomic<bool> failed{false};
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t i = 0; i < n; ++i) {
+      if (failed.load(std::memory_order_relaxed)) continue;
+      try {
+        fn(i);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(error_mutex);
+        if (!failed.exchange(true)) error = std::current_exception();
+      }
+    }
+    if (error) std::rethrow_exception(error);
+    return;
+  }
+#endif
+  (void)min_parallel;
+  for (int64_t i = 0; i < n; ++i) fn(i);
+}
+
+}  // namespace sssd

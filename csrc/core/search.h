@@ -1,0 +1,42 @@
+// Continuation search in one or more datastore shards (treated as one datastore).
+//
+// For a context c: find the longest suffix c[-L:] (L <= max_query_len) that occurs; then, for
+// L = L*, L*-1, ... down to min_query_len, read at most max_samples occurrences of c[-L:] spread evenly
+// over its suffix-array range (over all shards together) and insert the max_depth tokens that follow each
+// occurrence (stopping at the document end) into a CandidateTrie; stop after the first L whose range
+// holds at least min_occurrences occurrences. Occurrences of a longer suffix are also occurrences of
+// the shorter ones, so longer matches weigh more.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/candidate_trie.h"
+#include "core/datastore.h"
+
+namespace sssd {
+
+struct SearchParams {
+  int32_t max_query_len = 16;
+  int32_t min_query_len = 1;
+  int64_t min_occurrences = 1;
+  int32_t max_samples = 100;
+  int32_t max_depth = 8;
+};
+
+void validate_search_params(const SearchParams& p);  // throws std::invalid_argument
+
+struct TokenSpan {
+  const int32_t* data;
+  int64_t size;
+};
+
+// Shards must share the vocabulary size (checked by the caller). Throws std::invalid_argument for a
+// context token outside [0, vocab_size) and DatastoreError for a corrupt suffix-array entry.
+void search_context(const std::vector<DatastoreView>& shards, TokenSpan context, const SearchParams& p,
+                    CandidateTrie& out);
+
+// One trie per context, contexts searched in parallel (no Python objects are touched).
+void search_batch(const std::vector<DatastoreView>& shards, const std::vector<TokenSpan>& contexts,
+                  const SearchParams& p, std::vector<CandidateTrie>& out);
+
+}  // namespace sssd
