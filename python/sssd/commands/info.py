@@ -1,0 +1,35 @@
+"""sssd info: print a datastore's header fields; --verify runs the full O(n) check."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+NAME = "info"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("datastore", help="a .sssd file or a directory of shards")
+    p.add_argument("--verify", action="store_true", help="check every token and the suffix-array order")
+
+
+def run(args: argparse.Namespace) -> int:
+    from sssd.datastore import Datastore
+
+    t0 = time.perf_counter()
+    ds = Datastore.open(args.datastore)
+    opened = time.perf_counter() - t0
+    info = ds.info()
+    print(f"shards:        {len(info.paths)}")
+    print(f"tokens:        {info.num_tokens:,}")
+    print(f"documents:     {info.num_documents:,}")
+    print(f"vocab size:    {info.vocab_size:,}")
+    print(f"tokenizer:     {info.tokenizer_fingerprint or '(none recorded)'}")
+    print(f"widths:        token {info.token_width} B, suffix array {info.sa_width} B")
+    print(f"file size:     {info.file_bytes:,} B ({info.bytes_per_token:.2f} B/token)")
+    print(f"opened in:     {opened * 1e3:.2f} ms")
+    if args.verify:
+        t0 = time.perf_counter()
+        ds.verify()
+        print(f"verified in:   {time.perf_counter() - t0:.2f} s")
+    return 0
