@@ -304,8 +304,10 @@ def build_datastore(
     """
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)) or vocab_size < 1:
         raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
-    fingerprint = "" if tokenizer is None else (
-        tokenizer if isinstance(tokenizer, str) else tokenizer_fingerprint(tokenizer)
+    fingerprint = (
+        ""
+        if tokenizer is None
+        else (tokenizer if isinstance(tokenizer, str) else tokenizer_fingerprint(tokenizer))
     )
     if len(fingerprint.encode()) > MAX_FINGERPRINT_BYTES:
         raise ValueError("tokenizer fingerprint is longer than 119 bytes")
