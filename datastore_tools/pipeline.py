@@ -1,0 +1,157 @@
+"""The build: inputs -> documents (text or tokens) -> token documents -> datastore file or shards."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from datastore_tools import jsonl, text_files, token_arrays
+from datastore_tools.errors import InputError
+from datastore_tools.inputs import Input, InputKind, ReadOptions, detect_inputs, tokens_sibling
+from datastore_tools.progress import Progress
+from datastore_tools.stats import BuildSummary, ReadStats
+from datastore_tools.tokenizing import BatchEncoder, chat_renderer, load_tokenizer, tokenize_stream
+from datastore_tools.writer import check_destination, write_shards, write_single
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """Everything one build-datastore run needs (the command line, parsed)."""
+
+    inputs: tuple[str, ...]  # files and directories, read in this order
+    output: Path  # a .sssd file, or a directory of shards with shard_tokens
+    tokenizer: str | None = None  # directory, .gguf file or "smollm2"; None: default when text is read
+    vocab_size: int | None = None  # required for token inputs without a tokenizer
+    read: ReadOptions = field(default_factory=ReadOptions)
+    add_special_tokens: bool = False  # let the tokenizer add BOS/EOS-style tokens to each text
+    batch_docs: int = 256  # texts per tokenizer call
+    shard_tokens: int | None = None  # split into shards of at most this many tokens
+    force: bool = False  # replace an existing output
+    progress: bool = True  # progress display on stderr
+
+
+def _vocabulary(config: BuildConfig, inputs: list[Input]) -> tuple[Any, int, str]:
+    """(tokenizer or None, vocab size, fingerprint) for this build."""
+    from sssd.fingerprint import tokenizer_fingerprint
+
+    needs_text = any(i.kind.needs_tokenizer for i in inputs)
+    if not needs_text and config.tokenizer is None:
+        if config.vocab_size is None:
+            raise InputError(
+                "pre-tokenized inputs need --vocab-size N, or --tokenizer to record the tokenizer "
+                "that made them"
+            )
+        return None, config.vocab_size, ""
+    tok = load_tokenizer(config.tokenizer)
+    vocab = len(tok)
+    if config.vocab_size is not None:
+        if config.vocab_size < vocab:
+            raise InputError(
+                f"--vocab-size {config.vocab_size} is smaller than the tokenizer's {vocab} tokens"
+            )
+        vocab = config.vocab_size  # a model's embedding table may be padded past the tokenizer
+    return tok, vocab, tokenizer_fingerprint(tok)
+
+
+def _read(
+    inp: Input, config: BuildConfig, tok: Any, vocab: int, stats: ReadStats
+) -> Iterable[str | np.ndarray]:
+    opts = config.read
+    if inp.kind is InputKind.JSONL_TEXT:
+        return jsonl.read_text_records(inp.path, opts.text_field, stats)
+    if inp.kind is InputKind.JSONL_CHAT:
+        return jsonl.read_chat_records(inp.path, chat_renderer(tok), stats)
+    if inp.kind is InputKind.JSONL_PAIRS:
+        return jsonl.read_pair_records(inp.path, opts.pair_ids, vocab, stats)
+    if inp.kind is InputKind.TEXT_FILE:
+        return [text_files.read_text_file(inp.path, stats)]
+    if inp.kind is InputKind.DIRECTORY:
+        return text_files.read_directory(inp.path, opts.globs, opts.excludes, stats)
+    if inp.kind is InputKind.NPY:
+        return token_arrays.read_npy(inp.path, vocab, stats)
+    if inp.kind is InputKind.NPZ:
+        return token_arrays.read_npz(inp.path, vocab, stats)
+    raise AssertionError(f"unhandled input kind {inp.kind}")
+
+
+def _counted(docs: Iterator[np.ndarray], stats: ReadStats, progress: Progress) -> Iterator[np.ndarray]:
+    """Drops empty documents and keeps the document/token counts for the summary and progress line."""
+    for doc in docs:
+        if doc.size == 0:
+            stats.skipped_empty += 1
+            continue
+        stats.documents += 1
+        stats.tokens += int(doc.size)
+        progress.reading(stats)
+        yield doc
+
+
+def _input_bytes(inputs: list[Input], opts: ReadOptions) -> int:
+    """Total size of the inputs for the progress bar (directories: the files that will be read)."""
+    total = 0
+    for inp in inputs:
+        if inp.kind is InputKind.DIRECTORY:
+            files = text_files.iter_tree(inp.path, opts.globs, opts.excludes)
+            total += sum(p.stat().st_size for p in files)
+        else:
+            total += inp.path.stat().st_size
+            sibling = tokens_sibling(inp.path)
+            if inp.kind is InputKind.NPY and sibling.is_file():
+                total += sibling.stat().st_size
+    return total
+
+
+def build(config: BuildConfig) -> BuildSummary:
+    """Reads every input, tokenizes text in batches and writes the datastore. Raises on bad input
+    (InputError / ValueError, FileNotFoundError, ...) before anything appears at config.output."""
+    t0 = time.perf_counter()
+    out = config.output
+    check_destination(out, sharded=config.shard_tokens is not None, force=config.force)
+    inputs = detect_inputs(list(config.inputs), config.read)
+    t_setup = time.perf_counter()
+    tok, vocab, fingerprint = _vocabulary(config, inputs)
+    setup = time.perf_counter() - t_setup
+    encode = BatchEncoder(tok, add_special_tokens=config.add_special_tokens) if tok is not None else None
+    stats = ReadStats()
+    progress = Progress(_input_bytes(inputs, config.read), enabled=config.progress)
+
+    def items() -> Iterator[str | np.ndarray]:
+        for inp in inputs:
+            yield from _read(inp, config, tok, vocab, stats)
+
+    docs = _counted(tokenize_stream(items(), encode, stats, batch_docs=config.batch_docs), stats, progress)
+    try:
+        if config.shard_tokens is None:
+            paths = write_single(docs, out, vocab_size=vocab, fingerprint=fingerprint, phase=progress.phase)
+        else:
+            paths = write_shards(
+                docs,
+                out,
+                max_tokens=config.shard_tokens,
+                vocab_size=vocab,
+                fingerprint=fingerprint,
+                phase=progress.phase,
+            )
+    finally:
+        progress.close()
+    return BuildSummary(
+        output=out,
+        shards=tuple(paths),
+        documents=stats.documents,
+        tokens=stats.tokens,
+        input_files=stats.files,
+        input_bytes=stats.input_bytes,
+        text_bytes=stats.text_bytes,
+        skipped_files=stats.skipped_files,
+        skipped_empty=stats.skipped_empty,
+        seconds=time.perf_counter() - t0,
+        setup_seconds=setup,
+        output_bytes=sum(p.stat().st_size for p in paths),
+        vocab_size=vocab,
+        tokenizer_fingerprint=fingerprint,
+    )

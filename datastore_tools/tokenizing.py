@@ -1,0 +1,96 @@
+"""Tokenizers for build-datastore: loading, chat rendering and fast batched encoding of text documents."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from datastore_tools.errors import InputError
+from datastore_tools.stats import ReadStats
+
+DEFAULT_TOKENIZER = "smollm2"  # the project's model, located and converted by sssd.models
+
+
+def load_tokenizer(spec: str | None) -> Any:
+    """A Hugging Face tokenizer from a directory, a ``.gguf`` file, or "smollm2" (the default model)."""
+    from sssd import models
+
+    if spec is None or spec == DEFAULT_TOKENIZER:
+        return models.load_tokenizer(None)
+    path = Path(spec)
+    if not path.exists():
+        raise FileNotFoundError(f"tokenizer not found: {path} (give a tokenizer directory or a .gguf file)")
+    if path.is_file() and path.suffix != ".gguf":
+        raise InputError(f"{path}: a tokenizer is a Hugging Face directory or a .gguf file")
+    try:
+        return models.load_tokenizer(path)
+    except (OSError, ValueError) as e:
+        raise InputError(f"cannot load a tokenizer from {path}: {e}") from None
+
+
+def chat_renderer(tokenizer: Any) -> Callable[[list[dict[str, Any]]], str]:
+    """messages -> the text the tokenizer's chat template makes of them (a whole conversation)."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise InputError("the tokenizer has no chat template, so chat (messages) records cannot be rendered")
+
+    def render(messages: list[dict[str, Any]]) -> str:
+        return tokenizer.apply_chat_template(messages, tokenize=False)
+
+    return render
+
+
+class BatchEncoder:
+    """Encodes lists of texts with the tokenizer's fast (Rust) backend, which parallelizes over a batch.
+
+    Special tokens written in the text (e.g. a rendered chat template's ``<|im_start|>``) become their
+    ids; BOS/EOS-style tokens are added only with add_special_tokens.
+    """
+
+    def __init__(self, tokenizer: Any, *, add_special_tokens: bool = False):
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._tokenizer = tokenizer
+        self._add_special = add_special_tokens
+
+    def __call__(self, texts: list[str]) -> list[np.ndarray]:
+        """[len] int32 token ids per text."""
+        if self._backend is not None:
+            encodings = self._backend.encode_batch(texts, add_special_tokens=self._add_special)
+            return [np.asarray(e.ids, dtype=np.int32) for e in encodings]
+        # A slow (pure Python) tokenizer: same result, one call per batch.
+        ids = self._tokenizer(texts, add_special_tokens=self._add_special, verbose=False)["input_ids"]
+        return [np.asarray(x, dtype=np.int32) for x in ids]
+
+
+def tokenize_stream(
+    items: Iterable[str | np.ndarray],
+    encode: Callable[[list[str]], list[np.ndarray]] | None,
+    stats: ReadStats,
+    *,
+    batch_docs: int = 256,
+    batch_chars: int = 1 << 22,
+) -> Iterator[np.ndarray]:
+    """Token documents in input order: texts are encoded in batches, token arrays pass through.
+
+    A batch ends at batch_docs texts or batch_chars characters, whichever comes first (bounded memory).
+    """
+    batch: list[str] = []
+    chars = 0
+    for item in items:
+        if isinstance(item, str):
+            assert encode is not None, "text input without a tokenizer"  # the pipeline loads one first
+            batch.append(item)
+            chars += len(item)
+            stats.text_bytes += len(item.encode("utf-8"))
+            if len(batch) >= batch_docs or chars >= batch_chars:
+                yield from encode(batch)
+                batch, chars = [], 0
+        else:
+            if batch:
+                yield from encode(batch)
+                batch, chars = [], 0
+            yield item
+    if batch:
+        yield from encode(batch)
