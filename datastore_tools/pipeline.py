@@ -35,12 +35,23 @@ class BuildConfig:
     progress: bool = True  # progress display on stderr
 
 
+def _recorded_vocabulary(inputs: list[Input]) -> tuple[int, str] | None:
+    """The vocabulary every input records about itself (only .npz files can), if they all agree."""
+    if any(i.kind is not InputKind.NPZ for i in inputs):
+        return None
+    found = {token_arrays.npz_vocabulary(i.path) for i in inputs}
+    return found.pop() if len(found) == 1 else None
+
+
 def _vocabulary(config: BuildConfig, inputs: list[Input]) -> tuple[Any, int, str]:
     """(tokenizer or None, vocab size, fingerprint) for this build."""
     from sssd.fingerprint import tokenizer_fingerprint
 
     needs_text = any(i.kind.needs_tokenizer for i in inputs)
     if not needs_text and config.tokenizer is None:
+        recorded = _recorded_vocabulary(inputs)
+        if config.vocab_size is None and recorded is not None:
+            return None, *recorded
         if config.vocab_size is None:
             raise InputError(
                 "pre-tokenized inputs need --vocab-size N, or --tokenizer to record the tokenizer "

@@ -83,3 +83,15 @@ def read_npz(path: Path, vocab_size: int, stats: ReadStats) -> Iterator[np.ndarr
     stats.files += 1
     stats.input_bytes += path.stat().st_size
     yield from _documents(tokens, offsets)
+
+
+def npz_vocabulary(path: Path) -> tuple[int, str] | None:
+    """(vocab_size, tokenizer fingerprint) recorded in an ``.npz`` (as the shipped sample has), or None."""
+    z = _load(path)
+    if not isinstance(z, np.lib.npyio.NpzFile):
+        return None
+    with z:
+        if "vocab_size" not in z.files:
+            return None
+        fingerprint = str(z["tokenizer_fingerprint"]) if "tokenizer_fingerprint" in z.files else ""
+        return int(z["vocab_size"]), fingerprint
