@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,9 +29,44 @@ def load_tokenizer(spec: str | None) -> Any:
     if path.is_file() and path.suffix != ".gguf":
         raise InputError(f"{path}: a tokenizer is a Hugging Face directory or a .gguf file")
     try:
+        if path.suffix == ".gguf":
+            return _gguf_tokenizer(path)
         return models.load_tokenizer(path)
     except (OSError, ValueError) as e:
         raise InputError(f"cannot load a tokenizer from {path}: {e}") from None
+
+
+def _gguf_tokenizer(path: Path) -> Any:
+    """The tokenizer of a GGUF file, converted once and cached as a Hugging Face directory.
+
+    Converting a GGUF vocabulary takes tens of seconds; the cached directory loads in about one. The model
+    conversion of sssd.models (same cache, same file name) is used when it exists.
+    """
+    from sssd import models
+
+    name = path.name.removesuffix(".gguf")
+    for cached in (models.cache_dir() / "models" / name, _tokenizer_cache(path)):
+        if (cached / "tokenizer_config.json").is_file():
+            return models.load_tokenizer(cached)
+    tok = models.load_tokenizer(path)
+    out = _tokenizer_cache(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        tok.save_pretrained(tmp)
+        os.replace(tmp, out)  # atomic: a reader sees the whole directory or none
+    except OSError:
+        pass  # another process cached it first, or the cache is read-only: the loaded tokenizer is fine
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return models.load_tokenizer(out) if out.is_dir() else tok
+
+
+def _tokenizer_cache(path: Path) -> Path:
+    from sssd import models
+
+    # Name and size tell two GGUF files apart well enough for a cache of their vocabularies.
+    return models.cache_dir() / "tokenizers" / f"{path.name.removesuffix('.gguf')}-{path.stat().st_size}"
 
 
 def chat_renderer(tokenizer: Any) -> Callable[[list[dict[str, Any]]], str]:
@@ -57,7 +95,9 @@ class BatchEncoder:
     def __call__(self, texts: list[str]) -> list[np.ndarray]:
         """[len] int32 token ids per text."""
         if self._backend is not None:
-            encodings = self._backend.encode_batch(texts, add_special_tokens=self._add_special)
+            # encode_batch_fast (tokenizers >= 0.20) skips character offsets, which ids do not need.
+            fn = getattr(self._backend, "encode_batch_fast", self._backend.encode_batch)
+            encodings = fn(texts, add_special_tokens=self._add_special)
             return [np.asarray(e.ids, dtype=np.int32) for e in encodings]
         # A slow (pure Python) tokenizer: same result, one call per batch.
         ids = self._tokenizer(texts, add_special_tokens=self._add_special, verbose=False)["input_ids"]

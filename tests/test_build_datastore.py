@@ -180,20 +180,48 @@ def test_npy_with_offsets_npz_and_several_inputs(tmp_path, capsys):
 
 
 def test_real_smollm2_tokenizer(tmp_path, capsys):
+    """The default tokenizer and --tokenizer FILE.gguf both give SmolLM2's ids (cached conversion)."""
     from sssd import models
 
     try:
+        gguf = models.find_smollm2_gguf()
         hf_dir = models.ensure_hf_model()  # converted once and cached; later runs only load it
     except FileNotFoundError as e:
         pytest.skip(str(e))
     tok = transformers.AutoTokenizer.from_pretrained(str(hf_dir))
     text = "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n"
     src = write_jsonl(tmp_path / "code.jsonl", [{"text": text}, {"text": "Hello, world!"}])
-    out = tmp_path / "smol.sssd"
-    assert run([src, "-o", out, "-q"], capsys)[0] == 0  # default tokenizer: SmolLM2
-    ds = Datastore.open(out, tokenizer=tok)
-    assert ds.vocab_size == 49152 and ds.info().token_width == 2
-    assert docs(out) == [encode(tok, text), encode(tok, "Hello, world!")]
+    expected = [encode(tok, text), encode(tok, "Hello, world!")]
+    for name, extra in (("default.sssd", []), ("gguf.sssd", ["--tokenizer", gguf])):
+        assert run([src, "-o", tmp_path / name, "-q", *extra], capsys)[0] == 0
+        ds = Datastore.open(tmp_path / name, tokenizer=tok)
+        assert ds.vocab_size == 49152 and ds.info().token_width == 2
+        assert docs(tmp_path / name) == expected
+
+
+def test_gguf_tokenizer_is_converted_once(tmp_path, monkeypatch, tiny_tok):
+    """A .gguf tokenizer is read from the GGUF file once, then from the cached directory."""
+    from sssd import models
+
+    from datastore_tools import tokenizing
+
+    monkeypatch.setenv("SSSD_CACHE_DIR", str(tmp_path / "cache"))
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF stand-in")
+    real_load, gguf_reads = models.load_tokenizer, []
+
+    def load(spec=None):
+        if Path(spec).suffix == ".gguf":
+            gguf_reads.append(spec)
+            return tiny_tok  # stands for the slow GGUF vocabulary conversion
+        return real_load(spec)
+
+    monkeypatch.setattr(models, "load_tokenizer", load)
+    first = tokenizing.load_tokenizer(str(gguf))
+    second = tokenizing.load_tokenizer(str(gguf))
+    assert len(gguf_reads) == 1
+    assert tokenizer_fingerprint(second).split(":")[1] == tokenizer_fingerprint(first).split(":")[1]
+    assert (tmp_path / "cache" / "tokenizers" / f"m-{gguf.stat().st_size}" / "tokenizer.json").is_file()
 
 
 def test_sample_corpus_builds(tmp_path, capsys):
