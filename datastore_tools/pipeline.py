@@ -162,6 +162,7 @@ def build(config: BuildConfig) -> BuildSummary:
         skipped_empty=stats.skipped_empty,
         seconds=time.perf_counter() - t0,
         setup_seconds=setup,
+        tokenize_seconds=stats.tokenize_seconds,
         output_bytes=sum(p.stat().st_size for p in paths),
         vocab_size=vocab,
         tokenizer_fingerprint=fingerprint,

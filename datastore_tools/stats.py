@@ -17,6 +17,7 @@ class ReadStats:
     skipped_empty: int = 0  # documents without tokens (left out: they cannot be matched)
     documents: int = 0  # documents written
     tokens: int = 0  # tokens written
+    tokenize_seconds: float = 0.0  # wall time inside the tokenizer
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class BuildSummary:
     skipped_empty: int
     seconds: float  # wall time of the whole run, setup included
     setup_seconds: float  # of which: loading the tokenizer (importing transformers, reading its files)
+    tokenize_seconds: float  # of which: encoding text
     output_bytes: int
     vocab_size: int
     tokenizer_fingerprint: str
@@ -56,7 +58,8 @@ class BuildSummary:
             f"{self.text_bytes:,} bytes of text",
             f"skipped:     {skipped}",
             f"time:        {self.seconds:.2f} s, of which {self.setup_seconds:.2f} s loading the tokenizer "
-            f"({self.tokens_per_second:,.0f} tokens/s after it)",
+            f"and {self.tokenize_seconds:.2f} s encoding text ({self.tokens_per_second:,.0f} tokens/s after "
+            "loading)",
             f"output size: {self.output_bytes:,} bytes ({per_token:.2f} B/token)",
             f"vocabulary:  {self.vocab_size:,} ({self.tokenizer_fingerprint or 'no tokenizer recorded'})",
         ]

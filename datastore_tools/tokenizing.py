@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -116,6 +117,13 @@ def tokenize_stream(
 
     A batch ends at batch_docs texts or batch_chars characters, whichever comes first (bounded memory).
     """
+
+    def timed(batch: list[str]) -> list[np.ndarray]:
+        t0 = time.perf_counter()
+        out = encode(batch)
+        stats.tokenize_seconds += time.perf_counter() - t0
+        return out
+
     batch: list[str] = []
     chars = 0
     for item in items:
@@ -125,12 +133,12 @@ def tokenize_stream(
             chars += len(item)
             stats.text_bytes += len(item.encode("utf-8"))
             if len(batch) >= batch_docs or chars >= batch_chars:
-                yield from encode(batch)
+                yield from timed(batch)
                 batch, chars = [], 0
         else:
             if batch:
-                yield from encode(batch)
+                yield from timed(batch)
                 batch, chars = [], 0
             yield item
     if batch:
-        yield from encode(batch)
+        yield from timed(batch)
