@@ -100,6 +100,7 @@ def _counted(docs: Iterator[np.ndarray], stats: ReadStats, progress: Progress) -
         stats.tokens += int(doc.size)
         progress.reading(stats)
         yield doc
+    progress.reading(stats, force=True)  # the final counts, before the build phases take the line
 
 
 def _input_bytes(inputs: list[Input], opts: ReadOptions) -> int:
