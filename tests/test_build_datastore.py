@@ -293,6 +293,7 @@ def _error_cases(tmp: Path) -> dict[str, tuple[list, str]]:
         ),
         "no vocabulary": ([tmp / "big.tokens.npy"], "--vocab-size"),
         "offsets alone": ([tmp / "big.offsets.npy", "--vocab-size", 50], "document-offsets file"),
+        "vocab below tokenizer": ([tmp / "bad.jsonl", "--vocab-size", 3], "smaller than the tokenizer"),
     }
 
 
@@ -306,12 +307,13 @@ def _error_cases(tmp: Path) -> dict[str, tuple[list, str]]:
         "ids out of range (npy)",
         "no vocabulary",
         "offsets alone",
+        "vocab below tokenizer",
     ],
 )
 @pytest.mark.parametrize("sharded", [False, True])
 def test_errors_print_one_line_exit_2_and_write_nothing(tmp_path, tiny_tok_dir, capsys, case, sharded):
     args, expected = _error_cases(tmp_path)[case]
-    if case in ("bad json line", "empty corpus"):
+    if case in ("bad json line", "empty corpus", "vocab below tokenizer"):
         args = [*args, "--tokenizer", tiny_tok_dir]
     out = tmp_path / "out" / ("shards" if sharded else "ds.sssd")
     out.parent.mkdir()
