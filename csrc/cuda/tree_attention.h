@@ -69,6 +69,8 @@ struct KvCommitArgs {
   const int32_t* src_rows = nullptr;  // [A] row of the scratch
   const int32_t* dst_slots = nullptr; // [A] cache slot
   const int32_t* dst_rows = nullptr;  // [A] row inside the slot
+  // Bounds: entries whose indexes fall outside are skipped by the kernel (callers validate on the host).
+  int64_t src_tokens = 0, dst_num_slots = 0, dst_num_rows = 0;
 };
 
 struct KvAppendArgs {  // strided copy [N, Hkv, D] -> [N, Hkv, D] for K and V

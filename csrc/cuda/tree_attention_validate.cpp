@@ -70,6 +70,8 @@ void validate_kv_commit(const KvCommitArgs& a) {
   if (a.count == 0) return;
   require(a.k_src && a.v_src && a.k_dst && a.v_dst && a.src_rows && a.dst_slots && a.dst_rows, op,
           "null pointer argument");
+  require(a.src_tokens >= 1 && a.dst_num_slots >= 1 && a.dst_num_rows >= 1, op,
+          "src_tokens, dst_num_slots and dst_num_rows must be positive");
   const int64_t vec = 16 / a.elem_bytes;
   for (int64_t s : {a.src_stride_token, a.src_stride_head, a.dst_stride_slot, a.dst_stride_row,
                     a.dst_stride_head}) {
