@@ -4,6 +4,7 @@ The datastore and search need only numpy; the engine (later) needs torch and tra
 """
 
 from sssd._core import DatastoreError, has_openmp, max_threads
+from sssd.cuda_ops import cuda_available, has_cuda
 from sssd.datastore import (
     Datastore,
     DatastoreInfo,
@@ -24,6 +25,8 @@ __all__ = [
     "SearchResult",
     "TokenizerMismatchError",
     "build_datastore",
+    "cuda_available",
+    "has_cuda",
     "has_openmp",
     "max_threads",
     "tokenizer_fingerprint",
