@@ -135,6 +135,14 @@ def test_emulated_kernel_matches_the_reference(sizes, ctxs, hq, hkv, splits):
     torch.testing.assert_close(got16.double(), want, rtol=0, atol=3e-2)
 
 
+def test_dispatch_falls_back_to_the_reference_on_cpu():
+    t, trees, _ = make_case(6, [5, 2], [3, 0], hq=4, hkv=2, d=64, dtype=torch.bfloat16)
+    assert not cuda_ops.kernel_supports(t["q"], t["k_tree"])
+    got = cuda_ops.dispatch_tree_attention(**t, trees=trees)
+    assert got.dtype == torch.bfloat16 and got.shape == t["q"].shape
+    torch.testing.assert_close(got, tree_attention_reference(**t, trees=trees).to(torch.bfloat16))
+
+
 def test_ancestor_masks_by_hand():
     masks = ancestor_masks([-1, 0, 0, 1, -1, -1, *range(69)], [0, 4, 5, 75])
     assert masks[:5, 0].tolist() == [0b1, 0b11, 0b101, 0b1011, 0b1]

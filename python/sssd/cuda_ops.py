@@ -254,6 +254,29 @@ def tree_attention(
     return out
 
 
+def kernel_supports(q, k_tree) -> bool:
+    """Whether :func:`tree_attention` can run these tensors (built extension, CUDA, fp16/bf16, D 64/128)."""
+    torch = _torch()
+    return (
+        _cuda is not None
+        and q.device.type == "cuda"
+        and q.dtype in (torch.float16, torch.bfloat16)
+        and k_tree.dtype == q.dtype
+        and q.shape[-1] in (64, 128)
+        and q.stride(-1) == 1
+        and all(s % 8 == 0 for s in q.stride()[:2])
+    )
+
+
+def dispatch_tree_attention(q, k_tree, v_tree, k_cache, v_cache, trees: PackedTrees, *, scale=None):
+    """The attention function's entry point: the CUDA kernel when :func:`kernel_supports` says so, else the
+    float64 reference on the tensors' device (any dtype, any head dim), cast back to q's dtype."""
+    if kernel_supports(q, k_tree):
+        return tree_attention(q, k_tree, v_tree, k_cache, v_cache, trees, scale=scale)
+    ref = tree_attention_reference(q, k_tree, v_tree, k_cache, v_cache, trees, scale=scale)
+    return ref.to(q.dtype)
+
+
 @dataclass(frozen=True)
 class CommitPlan:
     """Rows to commit: scratch row ``src_rows[k]`` goes to cache row ``dst_rows[k]`` of slot ``dst_slots[k]``.
@@ -378,7 +401,9 @@ __all__ = [
     "PackedTrees",
     "ancestor_masks",
     "cuda_available",
+    "dispatch_tree_attention",
     "has_cuda",
+    "kernel_supports",
     "kv_append",
     "kv_commit",
     "kv_commit_reference",
