@@ -281,8 +281,9 @@ def test_kv_commit_and_append_match_reference(dtype):
     fused = torch.randn(129, 3, 8, 128, device="cuda").to(dtype)
     k_dst = torch.full((129, 8, 128), float("nan"), device="cuda", dtype=dtype)
     v_dst = k_dst.clone()
-    cuda_ops.kv_append(fused[:, 1], fused[:, 2], k_dst, v_dst)
-    assert torch.equal(k_dst, fused[:, 1]) and torch.equal(v_dst, fused[:, 2])
+    k_src = torch.randn(8, 129, 128, device="cuda").to(dtype).transpose(0, 1)  # K and V strided differently
+    cuda_ops.kv_append(k_src, fused[:, 2], k_dst, v_dst)
+    assert torch.equal(k_dst, k_src) and torch.equal(v_dst, fused[:, 2])
 
 
 @gpu

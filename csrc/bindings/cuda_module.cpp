@@ -104,9 +104,10 @@ void kv_commit(uintptr_t k_src, uintptr_t v_src, std::array<int64_t, 2> src_stri
   sssd_cuda::kv_commit_launch(a, stream);
 }
 
-void kv_append(uintptr_t k_src, uintptr_t v_src, std::array<int64_t, 2> src_strides, uintptr_t k_dst,
-               uintptr_t v_dst, std::array<int64_t, 2> dst_strides, int64_t tokens, int kv_heads, int head_dim,
-               int elem_bytes, uintptr_t stream) {
+void kv_append(uintptr_t k_src, uintptr_t v_src, std::array<int64_t, 2> src_strides,
+               std::array<int64_t, 2> v_src_strides, uintptr_t k_dst, uintptr_t v_dst,
+               std::array<int64_t, 2> dst_strides, int64_t tokens, int kv_heads, int head_dim, int elem_bytes,
+               uintptr_t stream) {
   sssd_cuda::KvAppendArgs a;
   a.tokens = tokens;
   a.kv_heads = kv_heads;
@@ -116,6 +117,8 @@ void kv_append(uintptr_t k_src, uintptr_t v_src, std::array<int64_t, 2> src_stri
   a.v_src = cptr<void>(v_src);
   a.src_stride_token = src_strides[0];
   a.src_stride_head = src_strides[1];
+  a.v_src_stride_token = v_src_strides[0];
+  a.v_src_stride_head = v_src_strides[1];
   a.k_dst = reinterpret_cast<void*>(k_dst);
   a.v_dst = reinterpret_cast<void*>(v_dst);
   a.dst_stride_token = dst_strides[0];
@@ -154,7 +157,8 @@ PYBIND11_MODULE(_cuda, m) {
         py::arg("src_rows"), py::arg("dst_slots"), py::arg("dst_rows"), py::arg("count"), py::arg("kv_heads"),
         py::arg("head_dim"), py::arg("elem_bytes"), py::arg("stream"),
         "Copy scratch rows src_rows[i] to cache (dst_slots[i], dst_rows[i]) for K and V.");
-  m.def("kv_append", &kv_append, py::arg("k_src"), py::arg("v_src"), py::arg("src_strides"), py::arg("k_dst"),
+  m.def("kv_append", &kv_append, py::arg("k_src"), py::arg("v_src"), py::arg("src_strides"),
+        py::arg("v_src_strides"), py::arg("k_dst"),
         py::arg("v_dst"), py::arg("dst_strides"), py::arg("tokens"), py::arg("kv_heads"), py::arg("head_dim"),
         py::arg("elem_bytes"), py::arg("stream"), "Strided copy of [tokens, kv_heads, head_dim] K and V.");
   m.def("tree_attention_plan", &plan, py::arg("batch"), py::arg("q_heads"), py::arg("kv_heads"), py::arg("max_nodes"),

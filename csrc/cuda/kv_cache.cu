@@ -40,12 +40,13 @@ __global__ void kv_append_kernel(const KvAppendArgs a, const int vecs) {
   const int v = static_cast<int>(i % vecs);
   const int h = static_cast<int>((i / vecs) % a.kv_heads);
   const int64_t t = i / (int64_t{vecs} * a.kv_heads);
-  const int64_t src = (t * a.src_stride_token + h * a.src_stride_head) * a.elem_bytes + v * 16;
+  const int64_t k_src = (t * a.src_stride_token + h * a.src_stride_head) * a.elem_bytes + v * 16;
+  const int64_t v_src = (t * a.v_src_stride_token + h * a.v_src_stride_head) * a.elem_bytes + v * 16;
   const int64_t dst = (t * a.dst_stride_token + h * a.dst_stride_head) * a.elem_bytes + v * 16;
   *reinterpret_cast<uint4*>(static_cast<char*>(a.k_dst) + dst) =
-      *reinterpret_cast<const uint4*>(static_cast<const char*>(a.k_src) + src);
+      *reinterpret_cast<const uint4*>(static_cast<const char*>(a.k_src) + k_src);
   *reinterpret_cast<uint4*>(static_cast<char*>(a.v_dst) + dst) =
-      *reinterpret_cast<const uint4*>(static_cast<const char*>(a.v_src) + src);
+      *reinterpret_cast<const uint4*>(static_cast<const char*>(a.v_src) + v_src);
 }
 
 unsigned blocks_for(int64_t threads, const char* op) {

@@ -80,7 +80,8 @@ struct KvAppendArgs {  // strided copy [N, Hkv, D] -> [N, Hkv, D] for K and V
   int elem_bytes = 2;
   const void* k_src = nullptr;
   const void* v_src = nullptr;
-  int64_t src_stride_token = 0, src_stride_head = 0;
+  int64_t src_stride_token = 0, src_stride_head = 0;      // of k_src
+  int64_t v_src_stride_token = 0, v_src_stride_head = 0;  // of v_src (rotary may change K's layout)
   void* k_dst = nullptr;
   void* v_dst = nullptr;
   int64_t dst_stride_token = 0, dst_stride_head = 0;

@@ -91,7 +91,8 @@ void validate_kv_append(const KvAppendArgs& a) {
   if (a.tokens == 0) return;
   require(a.k_src && a.v_src && a.k_dst && a.v_dst, op, "null pointer argument");
   const int64_t vec = 16 / a.elem_bytes;
-  for (int64_t s : {a.src_stride_token, a.src_stride_head, a.dst_stride_token, a.dst_stride_head}) {
+  for (int64_t s : {a.src_stride_token, a.src_stride_head, a.v_src_stride_token, a.v_src_stride_head,
+                    a.dst_stride_token, a.dst_stride_head}) {
     require(s % vec == 0, op, "strides must keep rows 16-byte aligned");
   }
   for (const void* p : {a.k_src, a.v_src, static_cast<const void*>(a.k_dst), static_cast<const void*>(a.v_dst)}) {

@@ -370,10 +370,14 @@ def kv_commit(k_tree, v_tree, k_cache, v_cache, plan: CommitPlan) -> None:
 
 
 def kv_append(k_src, v_src, k_dst, v_dst) -> None:
-    """Copy this step's K/V ([N, Hkv, D], any row strides, e.g. a fused projection's views) to the scratch."""
+    """Copy this step's K/V ([N, Hkv, D], any row strides, K and V may differ) to the scratch (K/V alike)."""
     torch = _torch()
     _require_ext("kv_append")
-    _check_kv_pair("src", k_src, v_src, 3)
+    dtypes = tuple(getattr(torch, n) for n in _KV_DTYPES_NAMES)
+    _check_tensor("k_src", k_src, 3, dtypes)
+    _check_tensor("v_src", v_src, 3, (k_src.dtype,), k_src.device)
+    if k_src.shape != v_src.shape:
+        raise ValueError(f"k_src {tuple(k_src.shape)} and v_src {tuple(v_src.shape)} differ in shape")
     if k_src.device.type != "cuda":
         raise ValueError(f"kv_append needs CUDA tensors, k_src is on {k_src.device}")
     _check_kv_pair("dst", k_dst, v_dst, 3, k_src.device)
@@ -384,7 +388,8 @@ def kv_append(k_src, v_src, k_dst, v_dst) -> None:
     with torch.cuda.device(k_src.device):
         _cuda.kv_append(
             k_src=k_src.data_ptr(), v_src=v_src.data_ptr(), src_strides=k_src.stride()[:2],
-            k_dst=k_dst.data_ptr(), v_dst=v_dst.data_ptr(), dst_strides=k_dst.stride()[:2],
+            v_src_strides=v_src.stride()[:2], k_dst=k_dst.data_ptr(), v_dst=v_dst.data_ptr(),
+            dst_strides=k_dst.stride()[:2],
             tokens=k_src.shape[0], kv_heads=k_src.shape[1], head_dim=k_src.shape[2],
             elem_bytes=k_src.element_size(), stream=torch.cuda.current_stream(k_src.device).cuda_stream,
         )  # fmt: skip
