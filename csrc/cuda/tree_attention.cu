@@ -2,6 +2,7 @@
 // dispatches on dtype x head dim (4 instantiations) and reports CUDA errors as exceptions naming the op.
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <string>
 
 #include "cuda/cuda_check.h"
@@ -14,11 +15,24 @@ namespace {
 
 constexpr const char* kOp = "tree_attention";
 
-int optin_shared_memory() {
-  int dev = 0, bytes = 0;
+constexpr int kMaxDevices = 64;
+
+int current_device() {
+  int dev = 0;
   check_cuda(cudaGetDevice(&dev), kOp, "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), kOp,
-             "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
+  require(dev >= 0 && dev < kMaxDevices, kOp, "device index out of range");
+  return dev;
+}
+
+// Opt-in shared memory per block of a device, queried once per device.
+int optin_shared_memory(int dev) {
+  static std::atomic<int> cached[kMaxDevices] = {};
+  int bytes = cached[dev].load(std::memory_order_relaxed);
+  if (bytes == 0) {
+    check_cuda(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), kOp,
+               "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
+    cached[dev].store(bytes, std::memory_order_relaxed);
+  }
   return bytes;
 }
 
@@ -28,17 +42,26 @@ void launch(const TreeAttentionArgs& a, cudaStream_t stream) {
   const int group = a.q_heads / a.kv_heads;
   const int64_t max_rows = int64_t{a.max_nodes} * group;
   int warps = block_warps(max_rows);
-  const int optin = optin_shared_memory();
-  while (warps > 1 && L::bytes(warps) > static_cast<size_t>(optin)) --warps;  // e.g. sm_86: 99 KiB
+  const int dev = current_device();
+  const size_t optin = static_cast<size_t>(optin_shared_memory(dev));
+  while (warps > 1 && L::bytes(warps) > optin) --warps;  // e.g. sm_86: 99 KiB
   const size_t smem = L::bytes(warps);
-  require(smem <= static_cast<size_t>(optin), kOp, "not enough shared memory on this device");
+  require(smem <= optin, kOp, "not enough shared memory on this device");
   const int64_t tiles_m = row_tiles(max_rows, warps);
   const int64_t grid_x = tiles_m * a.splits;
   require(grid_x < (int64_t{1} << 31) && a.kv_heads <= 65535 && a.batch <= 65535, kOp,
           "grid too large (splits x row tiles, kv_heads or batch)");
   auto* attn = kernel::tree_attention_kernel<T, D>;
-  check_cuda(cudaFuncSetAttribute(attn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)), kOp,
-             "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  // Raise the dynamic shared memory limit once per (instantiation, device) to the largest block this device
+  // can run (the statics are per template instantiation).
+  static std::atomic<bool> configured[kMaxDevices] = {};
+  if (!configured[dev].load(std::memory_order_acquire)) {
+    size_t most = L::bytes(8);
+    while (most > optin) most -= L::kWarpFloats * 4;
+    check_cuda(cudaFuncSetAttribute(attn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(most)),
+               kOp, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+    configured[dev].store(true, std::memory_order_release);
+  }
   const dim3 grid(static_cast<unsigned>(grid_x), static_cast<unsigned>(a.kv_heads), static_cast<unsigned>(a.batch));
   attn<<<grid, warps * 32, smem, stream>>>(a, static_cast<int>(tiles_m));
   check_launch(kOp);

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -91,7 +92,8 @@ def ancestor_masks(parents: np.ndarray, offsets: np.ndarray) -> np.ndarray:
 class PackedTrees:
     """Per-step metadata of a packed batch, validated once on the host and uploaded to ``device``.
 
-    The host copies (``*_host``) size the launch without a device sync.
+    The host copies (``*_host``) size the launch without a device sync; derived sizes are cached (the
+    same metadata serves every layer of a step).
     """
 
     offsets: Any  # torch int64 [B+1]
@@ -103,19 +105,19 @@ class PackedTrees:
     slots_host: np.ndarray  # int32 [B]
     masks_host: np.ndarray  # uint64 [N, 2]
 
-    @property
+    @cached_property
     def batch(self) -> int:
         return len(self.ctx_lens_host)
 
-    @property
+    @cached_property
     def total_nodes(self) -> int:
         return int(self.offsets_host[-1])
 
-    @property
+    @cached_property
     def max_nodes(self) -> int:
         return int(np.diff(self.offsets_host).max())
 
-    @property
+    @cached_property
     def max_ctx(self) -> int:
         return int(self.ctx_lens_host.max())
 
