@@ -64,30 +64,6 @@ def _require_ext(op: str) -> None:
         )
 
 
-def ancestor_masks(parents: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """Packed ancestor masks [N, 2] uint64 of a packed batch of trees (node attends ancestors + itself).
-
-    ``parents`` int [N] holds each node's parent index within its own tree (-1 for roots), parents < index.
-    """
-    parents = np.asarray(parents, dtype=np.int64)
-    offsets = np.asarray(offsets, dtype=np.int64)
-    masks = np.zeros((len(parents), 2), dtype=np.uint64)
-    for i in range(len(offsets) - 1):
-        a, b = int(offsets[i]), int(offsets[i + 1])
-        if not 1 <= b - a <= MAX_TREE_NODES:
-            raise ValueError(f"tree {i} has {b - a} nodes; trees need 1..{MAX_TREE_NODES} nodes")
-        for j in range(b - a):
-            p = int(parents[a + j])
-            if (j == 0) != (p < 0) or p >= j:
-                raise ValueError(
-                    f"tree {i}: node {j} has parent {p}; parents must be topological, root first"
-                )
-            if p >= 0:
-                masks[a + j] = masks[a + p]
-            masks[a + j, j // 64] |= np.uint64(1) << np.uint64(j % 64)
-    return masks
-
-
 @dataclass(frozen=True)
 class PackedTrees:
     """Per-step metadata of a packed batch, validated once on the host and uploaded to ``device``.
@@ -397,7 +373,8 @@ def kv_append(k_src, v_src, k_dst, v_dst) -> None:
         )  # fmt: skip
 
 
-from sssd.cuda_reference import (  # noqa: E402  (re-exported: the oracles of the ops above)
+from sssd.cuda_reference import (  # noqa: E402  (re-exported: mask builder and the oracles of the ops above)
+    ancestor_masks,
     kv_commit_reference,
     tree_attention_emulated,
     tree_attention_reference,
