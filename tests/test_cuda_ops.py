@@ -296,3 +296,14 @@ def test_kernel_matches_its_host_emulation():
         **{k: v.cpu() for k, v in t.items()}, trees=trees, splits=4, round_bf16=True
     )
     check_close(out.cpu(), emu.double(), torch.bfloat16)
+
+
+@gpu
+def test_dispatch_uses_the_kernel_on_cuda():
+    t, trees, _ = make_case(17, [9, 1], [70, 0], hq=8, hkv=2, d=64, dtype=torch.float16, device="cuda")
+    assert cuda_ops.kernel_supports(t["q"], t["k_tree"])
+    got = cuda_ops.dispatch_tree_attention(**t, trees=trees)
+    check_close(got, tree_attention_reference(**t, trees=trees), torch.float16)
+    t32 = {k: v.float() for k, v in t.items()}  # float32: not a kernel dtype -> the reference on the GPU
+    assert not cuda_ops.kernel_supports(t32["q"], t32["k_tree"])
+    assert cuda_ops.dispatch_tree_attention(**t32, trees=trees).dtype == torch.float32
