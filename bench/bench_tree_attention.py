@@ -24,20 +24,18 @@ from pathlib import Path
 import numpy as np
 
 
-def need_gpu():
+def need_gpu(name="bench_tree_attention"):
     try:
         import torch
     except ImportError:
-        sys.exit("bench_tree_attention: torch is not installed")
+        sys.exit(f"{name}: torch is not installed")
     import sssd
 
     if not torch.cuda.is_available():
-        sys.exit(
-            "bench_tree_attention: needs a CUDA GPU (torch.cuda.is_available() is False); nothing measured"
-        )
+        sys.exit(f"{name}: needs a CUDA GPU (torch.cuda.is_available() is False); nothing measured")
     if not sssd.cuda_available():
         sys.exit(
-            "bench_tree_attention: sssd was built without its CUDA extension or sees no device; "
+            f"{name}: sssd was built without its CUDA extension or sees no device; "
             "rebuild with nvcc on PATH (`pip install .`, docs/cuda.md)"
         )
     return torch
