@@ -52,9 +52,15 @@ void DatastoreBuilder::add_documents(const T* tokens, int64_t num_tokens, const 
   }
   auto append = [&](auto& stream) {
     using Sym = typename std::remove_reference_t<decltype(stream)>::value_type;
-    stream.reserve(stream.size() + static_cast<size_t>(num_tokens + num_docs));
+    // Grow geometrically: an exact reserve per chunk would reallocate (and copy the whole stream) on
+    // every call when documents arrive in many small chunks.
+    const size_t need = stream.size() + static_cast<size_t>(num_tokens + num_docs);
+    if (need > stream.capacity()) stream.reserve(std::max(need, stream.capacity() * 2));
     for (int64_t k = 0; k < num_docs; ++k) {
-      for (int64_t i = offsets[k]; i < offsets[k + 1]; ++i) stream.push_back(static_cast<Sym>(tokens[i] + 1));
+      for (int64_t i = offsets[k]; i < offsets[k + 1]; ++i) {
+        // Widen before adding 1: an int32 id may be INT32_MAX when vocab_size allows it.
+        stream.push_back(static_cast<Sym>(static_cast<uint64_t>(tokens[i]) + 1));
+      }
       stream.push_back(0);
       doc_offsets_.push_back(stream.size());
     }

@@ -7,10 +7,10 @@ namespace sssd {
 
 uint64_t fnv1a64(const void* data, size_t n) {
   const auto* p = static_cast<const unsigned char*>(data);
-  uint64_t h = 1469598103934665603ull;
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64 offset basis
   for (size_t i = 0; i < n; ++i) {
     h ^= p[i];
-    h *= 1099511628211ull;
+    h *= 0x100000001b3ull;  // FNV 64 prime
   }
   return h;
 }
