@@ -120,6 +120,17 @@ def test_token_width_boundary(tmp_path, vocab, width):
     assert canonical_trie(trie) == (vocab - 1, 3, {(0,): (1, 1), (0, vocab - 1): (1, 1)})
 
 
+def test_largest_vocabulary_with_sparse_huge_ids(tmp_path):
+    vocab = 2**31  # the limit (ids fit int32); the suffix sort must not size its buckets by it
+    docs = [[2**31 - 1, 3, 70000, 2**31 - 1], [3, 2**31 - 1]]
+    path = make(tmp_path, docs, vocab_size=vocab)
+    check_against_reference(path, docs, vocab)
+    ds = Datastore.open(path)
+    assert ds.vocab_size == vocab and [ds.document(k).tolist() for k in range(2)] == docs
+    trie = ds.search_one([2**31 - 1], SearchConfig(max_depth=1))
+    assert canonical_trie(trie) == (2**31 - 1, 3, {(3,): (1, 1)})
+
+
 def test_int64_suffix_array(tmp_path):
     small = Datastore.open(make(tmp_path, name="a.sssd"))
     big = Datastore.open(make(tmp_path, name="b.sssd", force_sa64=True))
@@ -236,7 +247,7 @@ def test_bad_build_input(tmp_path, docs, exc, match):
     assert files_in(tmp_path) == []
 
 
-@pytest.mark.parametrize("vocab", [0, -3, 2**32, True, 5.0])
+@pytest.mark.parametrize("vocab", [0, -3, 2**31 + 1, 2**32, True, 5.0])
 def test_bad_vocab_size(tmp_path, vocab):
     with pytest.raises(ValueError):
         build_datastore([[0]], tmp_path / "ds.sssd", vocab_size=vocab)

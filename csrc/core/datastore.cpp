@@ -121,13 +121,36 @@ class TempFile {
   bool committed_ = false;
 };
 
+// SA-IS needs a bucket array as large as its alphabet, so the alphabet is the largest symbol present,
+// not vocab_size + 1. Ids far above the stream length (a huge vocab_size used sparsely) are first mapped
+// to their ranks among the distinct symbols: the order, hence the suffix array, is the same, and the
+// buckets stay as small as the text (a 2^32 alphabet would need 16-32 GB of buckets, and does not fit
+// an int32 index at all).
+template <class Sym, class Idx>
+void sort_suffixes(const std::vector<Sym>& stream, Idx* sa) {
+  const auto n = static_cast<int64_t>(stream.size());
+  const uint64_t alphabet = uint64_t{*std::max_element(stream.begin(), stream.end())} + 1;
+  if (alphabet <= std::max<uint64_t>(stream.size(), uint64_t{1} << 17)) {
+    build_suffix_array(stream.data(), sa, n, static_cast<int64_t>(alphabet));
+    return;
+  }
+  std::vector<uint32_t> distinct(stream.begin(), stream.end());
+  std::sort(distinct.begin(), distinct.end());
+  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+  std::vector<uint32_t> ranks(stream.size());
+  for (size_t i = 0; i < stream.size(); ++i) {
+    ranks[i] = static_cast<uint32_t>(std::lower_bound(distinct.begin(), distinct.end(), stream[i]) -
+                                     distinct.begin());
+  }
+  build_suffix_array(ranks.data(), sa, n, static_cast<int64_t>(distinct.size()));
+}
+
 template <class Sym, class Idx>
 void sort_and_write(TempFile& out, const DatastoreHeader& h, const std::vector<Sym>& stream,
                     const ProgressFn& progress) {
   std::vector<Idx> sa(stream.size());
   progress("sorting suffixes", 0, 1);
-  build_suffix_array(stream.data(), sa.data(), static_cast<int64_t>(stream.size()),
-                     static_cast<int64_t>(h.vocab_size + 1));
+  sort_suffixes(stream, sa.data());
   progress("sorting suffixes", 1, 1);
   // Separators (symbol 0) are the smallest symbols, so their suffixes fill the first num_documents
   // slots; the datastore indexes real tokens only.

@@ -36,7 +36,9 @@ constexpr uint64_t kSectionAlign = 64;
 // otherwise (vocab_size 65536 has the id 65535, stored as 65536). This is one less than the "vocab <=
 // 65536" of the design; it is the price of an in-band separator that sorts below every token.
 constexpr uint64_t kMaxVocabUint16 = 65535;
-constexpr uint64_t kMaxVocabUint32 = 0xFFFFFFFEull;
+// Token ids travel as int32 everywhere (contexts, tries, document()), so ids stop at INT32_MAX: the
+// largest vocabulary is 2^31 (stored symbols up to 2^31 still fit the uint32 stream).
+constexpr uint64_t kMaxVocab = uint64_t{1} << 31;
 
 struct DatastoreHeader {
   char magic[8];
