@@ -20,7 +20,9 @@ from sssd.datastore import (
     TokenizerMismatchError,
     build_datastore,
 )
+from sssd.drafter import DraftBatch, Drafter, DrafterConfig, UnknownRequestError
 from sssd.fingerprint import tokenizer_fingerprint
+from sssd.tree_buffers import TreeBuffers, tree_buffers
 
 __version__ = "0.1.0"
 
@@ -28,11 +30,17 @@ __all__ = [
     "Datastore",
     "DatastoreError",
     "DatastoreInfo",
+    "DraftBatch",
+    "Drafter",
+    "DrafterConfig",
     "SearchConfig",
     "SearchResult",
     "TokenizerMismatchError",
+    "TreeBuffers",
+    "UnknownRequestError",
     "build_datastore",
     "has_openmp",
     "max_threads",
     "tokenizer_fingerprint",
+    "tree_buffers",
 ]
