@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from sssd.baselines import PromptLookupDrafter
 from sssd.pairs import Pair
-from sssd.simulate import accepted_lengths, expected_calibration_error, simulate
+from sssd.simulate import GroupStats, accepted_lengths, expected_calibration_error, simulate
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,7 @@ class ScriptedDrafter:
     """Knows the outputs. mode "oracle": the next `budget` output tokens as a chain; "empty": roots only;
     "wrong-first": a tree whose first child is wrong and whose second child starts the right chain."""
 
-    source_names = ("input", "datastore")
+    source_names = ("input", "datastore", "recent")
 
     def __init__(self, pairs, mode="oracle"):
         self.pairs, self.mode = pairs, mode
@@ -50,13 +50,13 @@ class ScriptedDrafter:
             chain = out[self.pos[rid] : self.pos[rid] + b].tolist() if self.mode != "empty" else []
             t, p, d, s = [self.ctx[rid][-1]], [-1], [0], [0]
             if self.mode == "wrong-first" and chain:
-                t, p, d, s = [*t, 10**6], [*p, 0], [*d, 1], [*s, 2]
+                t, p, d, s = [*t, 10**6], [*p, 0], [*d, 1], [*s, 1]
                 chain = chain[: max(b - 1, 0)]
             for k, tok in enumerate(chain):
                 t.append(tok)
                 p.append(0 if k == 0 else len(t) - 2)
                 d.append(k + 1)
-                s.append(1 if k % 2 == 0 else 3)
+                s.append(0 if k % 2 == 0 else 2)
             toks += t
             pars += p
             dep += d
@@ -114,9 +114,10 @@ def test_wrong_sibling_does_not_block_the_right_path():
     assert d.observed == [([0], [3])] * 3
     assert r.by_depth[1].nodes == 6 and r.by_depth[1].reached == 6 and r.by_depth[1].accepted == 3
     assert r.by_depth[3].rate == 1.0
-    # bit codes: 2 = datastore only (the wrong node), 1 = input, 3 = both
-    assert r.by_source["datastore"].accepted == 3 and r.by_source["datastore"].nodes == 6
-    assert r.by_source["input"].nodes == 9 and r.by_source["input"].accepted == 9
+    # winner sources: the wrong node "datastore", chain nodes alternate "input" / "recent"
+    assert r.by_source["datastore"] == GroupStats(nodes=3, reached=3, accepted=0)
+    assert r.by_source["input"] == GroupStats(nodes=6, reached=6, accepted=6)
+    assert r.by_source["recent"] == GroupStats(nodes=3, reached=3, accepted=3)
     rec = r.records
     assert len(rec) == 12 and rec.accepted.sum() == 9
     assert set(rec.features) == {"probs", "depth", "source"}

@@ -152,13 +152,10 @@ def _node_features(batch: Any, n: int) -> dict[str, np.ndarray]:
     return out
 
 
-def _source_names(drafter: Any) -> Callable[[int], list[str]] | None:
-    """Decoder of a batch's ``source`` codes: bit k set = the node came from source_names[k]."""
-    names = getattr(drafter, "source_names", None)
-    if not names:
-        return None
-    names = list(names)
-    return lambda code: [nm for k, nm in enumerate(names) if code >> k & 1] or ["none"]
+def _source_names(drafter: Any) -> Callable[[int], str]:
+    """Name of a batch ``source`` code (the node's winning source, an index into drafter.source_names)."""
+    names = list(getattr(drafter, "source_names", None) or ())
+    return lambda code: names[code] if 0 <= code < len(names) else str(code)
 
 
 class _Stats:
@@ -183,11 +180,11 @@ class _Stats:
         if source is None:
             return
         s = source[nonroot].astype(np.int64)
+        r, m = reached[nonroot], matched[nonroot]
         for code in np.unique(s):
             sel = s == code
-            c = np.array([sel.sum(), reached[nonroot][sel].sum(), matched[nonroot][sel].sum()], np.int64)
-            for nm in decode(int(code)) if decode else [str(int(code))]:
-                self._add(self.source, nm, c)
+            c = np.array([sel.sum(), r[sel].sum(), m[sel].sum()], dtype=np.int64)
+            self._add(self.source, decode(int(code)), c)
 
     def record(self, feats: dict[str, np.ndarray], reached: np.ndarray, matched: np.ndarray) -> None:
         for k, v in feats.items():
