@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from sssd.baselines import PromptLookupDrafter
 from sssd.pairs import Pair
-from sssd.simulate import GroupStats, accepted_lengths, expected_calibration_error, simulate
+from sssd.simulate import GroupStats, accepted_lengths, expected_calibration_error, merge_results, simulate
 
 
 @dataclass(frozen=True)
@@ -184,3 +184,25 @@ def test_expected_calibration_error():
     assert expected_calibration_error(np.array([0.95, 0.95]), np.array([0, 0])) == pytest.approx(0.95)
     with pytest.raises(ValueError):
         expected_calibration_error(np.zeros(2), np.zeros(3))
+
+
+def test_merge_results_adds_up_disjoint_runs():
+    pairs = _pairs([10, 20, 30, 7])
+    kw = {"budget": 3, "collect_records": True}
+    whole = simulate(ScriptedDrafter(pairs, "wrong-first"), pairs, batch_size=2, **kw)
+    parts = []
+    for sel in ([0, 2], [1, 3]):
+        sub = [pairs[i] for i in sel]
+        parts.append(simulate(ScriptedDrafter(sub, "wrong-first"), sub, batch_size=1, **kw))
+    merged = merge_results(parts)
+    assert (merged.steps, merged.generated_tokens, merged.accepted_tokens) == (
+        whole.steps,
+        whole.generated_tokens,
+        whole.accepted_tokens,
+    )
+    assert merged.by_depth == whole.by_depth and merged.by_subset == whole.by_subset
+    assert len(merged.records) == len(whole.records) and merged.num_pairs == 4
+    with pytest.raises(ValueError):
+        merge_results([])
+    with pytest.raises(ValueError):
+        merge_results([parts[0], whole.__class__(**{**vars(whole), "budget": 9})])
