@@ -7,15 +7,24 @@ import json
 import sys
 import time
 
-from sssd.commands._drafters import (
-    BASELINES,
-    SOURCES,
-    DrafterSpec,
-    make_drafter,
-    open_datastore,
-    parse_int_list,
-    parse_sources,
-)
+from sssd.evaluation import BASELINES, SOURCES, DrafterSpec, make_drafter, parse_sources
+
+
+def parse_int_list(text: str) -> list[int]:
+    """'16,64' -> [16, 64] (argparse type: a ValueError becomes a usage error)."""
+    out = [int(x) for x in text.split(",") if x.strip()]
+    if not out or min(out) < 0:
+        raise ValueError(f"expected non-negative ints, got {text!r}")
+    return out
+
+
+def open_datastore(path: str | None):
+    if path is None:
+        return None
+    from sssd.datastore import Datastore
+
+    return Datastore.open(path)
+
 
 NAME = "simulate"
 
@@ -64,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     pairs = load_pairs(
         args.pairs, subsets=args.subsets, vocab_size=ds.vocab_size if ds else None, limit=args.limit
     )
-    spec = DrafterSpec(args.baseline, tuple(args.sources), args.calibration, args.datastore)
+    spec = DrafterSpec(args.baseline, tuple(args.sources), args.calibration, args.datastore, args.online)
     make_drafter(spec, ds)  # fail early (before the table header) on a bad configuration
     n_prompt, n_out = total_tokens(pairs)
     print(
