@@ -48,7 +48,7 @@ def parse_sources(text: str) -> tuple[str, ...]:
 
 
 def load_table(spec_calibration: str | None) -> Any:
-    """The CalibrationTable a spec names (None: the shipped default)."""
+    """The CalibrationTable a spec names: None -> the shipped default, "none" -> identity, else a file."""
     from sssd import calibration
 
     if spec_calibration is None:
@@ -74,20 +74,19 @@ def make_drafter(spec: DrafterSpec, datastore: Any = None, table: Any = None) ->
         use_input="input" in spec.sources,
         use_datastore="datastore" in spec.sources,
         use_pool="recent" in spec.sources,
-        online=spec.online,
+        calibration=table if table is not None else load_table(spec.calibration),
+        online_calibration=spec.online,
     )
-    drafter = Drafter(datastore=datastore if "datastore" in spec.sources else None, config=config)
-    drafter.set_calibration(table if table is not None else load_table(spec.calibration))
-    return drafter
+    return Drafter(datastore=datastore if "datastore" in spec.sources else None, config=config)
 
 
 def records_arrays(records: NodeRecords) -> tuple[np.ndarray, ...]:
     """(source, depth, match_len, raw, accepted) of the tested nodes, for calibration.fit."""
     f = records.features
-    missing = [k for k in ("source", "depth", "match_len", "raw") if k not in f]
+    missing = [k for k in ("source", "depth", "match_len", "raw_score") if k not in f]
     if missing:
         raise ValueError(f"the drafter's batches lack per-node fields {missing}: cannot fit a calibration")
-    return f["source"], f["depth"], f["match_len"], f["raw"], records.accepted
+    return f["source"], f["depth"], f["match_len"], f["raw_score"], records.accepted
 
 
 def collect_records(

@@ -21,7 +21,7 @@ from sssd.pairs import Pair
 
 ALLOCATIONS = ("per-request", "global")
 # Per-node batch fields that are not calibration features.
-_NOT_FEATURES = {"tokens", "parents", "rank", "offsets", "gain", "context_len"}
+_NOT_FEATURES = {"tokens", "parents", "rank", "offsets", "gain", "context_len", "request_ids"}
 
 
 @dataclass(frozen=True)
@@ -153,9 +153,19 @@ def _node_features(batch: Any, n: int) -> dict[str, np.ndarray]:
 
 
 def _source_names(drafter: Any) -> Callable[[int], str]:
-    """Name of a batch ``source`` code (the node's winning source, an index into drafter.source_names)."""
-    names = list(getattr(drafter, "source_names", None) or ())
-    return lambda code: names[code] if 0 <= code < len(names) else str(code)
+    """Name of a batch ``source`` code (the node's winning source): ``drafter.source_names[code]``, else
+    the sssd drafter's source ids (``sssd.calibration.SOURCES``)."""
+    names: list[str] = []
+
+    def decode(code: int) -> str:
+        if not names:
+            given = getattr(drafter, "source_names", None)
+            if given is None:
+                from sssd.calibration import SOURCES as given
+            names.extend(given)
+        return names[code] if 0 <= code < len(names) else str(code)
+
+    return decode
 
 
 class _Stats:
@@ -258,13 +268,12 @@ def simulate(
         stats.update(depth, reached, matched & nonroot, source, decode)
         if collect_records:
             stats.record(_node_features(batch, depth.shape[0]), reached, matched)
-        if observe:
-            drafter.observe(rids, batch, acc)
         steps += b
         batch_steps += 1
         generated += int(adv.sum())
         drafted += int(nonroot.sum())
         accepted_total += int(np.minimum(acc, remaining).sum())
+        finished = []
         for r, a in zip(rids, adv.tolist(), strict=True):
             p = pairs[r]
             s = subset_steps.setdefault(p.subset, [0, 0])
@@ -274,10 +283,14 @@ def simulate(
             drafter.extend(r, p.output_ids[i : i + a])
             pos[r] = i + a
             if pos[r] >= p.output_ids.size:
-                drafter.remove_request(r)
-                active.remove(r)
-                del pos[r]
-                done += 1
+                finished.append(r)
+        if observe:  # after extend (the drafter reads the accepted tokens from the context)
+            drafter.observe(rids, batch, acc)
+        for r in finished:
+            drafter.remove_request(r)
+            active.remove(r)
+            del pos[r]
+            done += 1
         if progress is not None:
             progress(done, len(pairs))
     records = None
