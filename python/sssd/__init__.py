@@ -22,6 +22,7 @@ from sssd.datastore import (
 )
 from sssd.drafter import DraftBatch, Drafter, DrafterConfig, UnknownRequestError
 from sssd.fingerprint import tokenizer_fingerprint
+from sssd.simulate import SimulationResult, simulate
 from sssd.tree_buffers import TreeBuffers, tree_buffers
 
 __version__ = "0.1.0"
@@ -35,12 +36,14 @@ __all__ = [
     "DrafterConfig",
     "SearchConfig",
     "SearchResult",
+    "SimulationResult",
     "TokenizerMismatchError",
     "TreeBuffers",
     "UnknownRequestError",
     "build_datastore",
     "has_openmp",
     "max_threads",
+    "simulate",
     "tokenizer_fingerprint",
     "tree_buffers",
 ]
