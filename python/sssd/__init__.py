@@ -16,12 +16,36 @@ from sssd.fingerprint import tokenizer_fingerprint
 
 __version__ = "0.1.0"
 
+# The engine needs torch and transformers: import it only when one of its names is used.
+_LAZY = {
+    "Engine": "sssd.engine",
+    "EngineConfig": "sssd.engine",
+    "SamplingParams": "sssd.sampling",
+    "GenerationResult": "sssd.requests",
+    "StreamEvent": "sssd.requests",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sssd' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
 __all__ = [
     "Datastore",
     "DatastoreError",
     "DatastoreInfo",
+    "Engine",
+    "EngineConfig",
+    "GenerationResult",
+    "SamplingParams",
     "SearchConfig",
     "SearchResult",
+    "StreamEvent",
     "TokenizerMismatchError",
     "build_datastore",
     "has_openmp",
