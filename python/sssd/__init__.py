@@ -12,7 +12,9 @@ from sssd.datastore import (
     TokenizerMismatchError,
     build_datastore,
 )
+from sssd.drafter import DraftBatch, Drafter, DrafterConfig, UnknownRequestError
 from sssd.fingerprint import tokenizer_fingerprint
+from sssd.tree_buffers import TreeBuffers, tree_buffers
 
 __version__ = "0.1.0"
 
@@ -39,6 +41,9 @@ __all__ = [
     "Datastore",
     "DatastoreError",
     "DatastoreInfo",
+    "DraftBatch",
+    "Drafter",
+    "DrafterConfig",
     "Engine",
     "EngineConfig",
     "GenerationResult",
@@ -47,8 +52,11 @@ __all__ = [
     "SearchResult",
     "StreamEvent",
     "TokenizerMismatchError",
+    "TreeBuffers",
+    "UnknownRequestError",
     "build_datastore",
     "has_openmp",
     "max_threads",
     "tokenizer_fingerprint",
+    "tree_buffers",
 ]
