@@ -27,6 +27,25 @@ from sssd.tree_buffers import TreeBuffers, tree_buffers
 
 __version__ = "0.1.0"
 
+# The engine needs torch and transformers: import it only when one of its names is used.
+_LAZY = {
+    "Engine": "sssd.engine",
+    "EngineConfig": "sssd.engine",
+    "SamplingParams": "sssd.sampling",
+    "GenerationResult": "sssd.requests",
+    "StreamEvent": "sssd.requests",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sssd' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
 __all__ = [
     "Datastore",
     "DatastoreError",
@@ -34,9 +53,14 @@ __all__ = [
     "DraftBatch",
     "Drafter",
     "DrafterConfig",
+    "Engine",
+    "EngineConfig",
+    "GenerationResult",
+    "SamplingParams",
     "SearchConfig",
     "SearchResult",
     "SimulationResult",
+    "StreamEvent",
     "TokenizerMismatchError",
     "TreeBuffers",
     "UnknownRequestError",
