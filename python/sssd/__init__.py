@@ -12,6 +12,7 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 from sssd._core import DatastoreError, has_openmp, max_threads
+from sssd.cuda_ops import cuda_available, has_cuda
 from sssd.datastore import (
     Datastore,
     DatastoreInfo,
@@ -65,6 +66,8 @@ __all__ = [
     "TreeBuffers",
     "UnknownRequestError",
     "build_datastore",
+    "cuda_available",
+    "has_cuda",
     "has_openmp",
     "max_threads",
     "simulate",
