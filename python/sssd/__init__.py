@@ -16,7 +16,26 @@ from sssd.fingerprint import tokenizer_fingerprint
 
 __version__ = "0.1.0"
 
+# Scheduling names, imported on first use (numpy only; nothing here may pull in torch at `import sssd`).
+_LAZY = {
+    "BudgetConfig": "sssd.policy",
+    "BudgetPolicy": "sssd.policy",
+    "CostModel": "sssd.costmodel",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'sssd' has no attribute {name!r}")
+
+
 __all__ = [
+    "BudgetConfig",
+    "BudgetPolicy",
+    "CostModel",
     "Datastore",
     "DatastoreError",
     "DatastoreInfo",

@@ -1,0 +1,252 @@
+"""Per-step speculation budget: fixed, or adaptive (goodput-driven, optionally SLO-aware).
+
+Each step the adaptive policy asks the drafter for ONE batch at the largest budget, evaluates every
+global budget 0..K from the batch's ``gain`` curve and the :class:`~sssd.costmodel.CostModel`, and keeps
+the prefix with the highest expected goodput (``batch.truncate(k)``). Budget 0 (plain decoding) is always
+a candidate. When speculation has not paid for a while the policy stops calling the drafter (its time is
+saved too) and probes again with exponential back-off.
+
+With TPOT targets (``set_slo``), among the budgets whose expected goodput is within
+``slo_goodput_tolerance`` of the best, it picks the one that is predicted to meet the most (priority-
+weighted) targets, with nodes re-ranked so that requests falling short of their target get them first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from sssd.budget import (
+    BudgetChoice,
+    accumulated_probs,
+    cap_per_request,
+    choose_budget,
+    request_gain_table,
+    slo_first,
+)
+from sssd.costmodel import CostModel, StepTiming
+
+MODES = ("adaptive", "fixed")
+
+
+@dataclass(frozen=True)
+class BudgetConfig:
+    """How the engine chooses the global speculation budget of each step."""
+
+    mode: str = "adaptive"  # "adaptive" (default) | "fixed"
+    budget: int = 64  # fixed: the budget; adaptive: the largest candidate (the propose size)
+    max_per_request: int | None = None  # cap on any one request's tree (non-root nodes)
+    min_gain: float = 0.02  # speculate only if predicted goodput beats plain decoding by this much
+    acceptance_correction: bool = True  # scale Σf by the observed/predicted acceptance ratio
+    correction_window: float = 64.0  # steps (exponential forgetting of the ratio's evidence)
+    max_backoff: int = 32  # longest run of steps without calling the drafter before probing again
+    slo_slack_s: float = 0.0  # ε added to the predicted step time when deciding who falls short
+    slo_goodput_tolerance: float = 0.05  # expected goodput the SLO choice may give up
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"budget mode must be one of {MODES}, got {self.mode!r}")
+        if self.budget < 0:
+            raise ValueError(f"budget must be >= 0, got {self.budget}")
+        if self.max_per_request is not None and self.max_per_request < 0:
+            raise ValueError("max_per_request must be >= 0 or None")
+        if not 0.0 <= self.slo_goodput_tolerance < 1.0:
+            raise ValueError("slo_goodput_tolerance must be in [0, 1)")
+
+
+@dataclass(frozen=True)
+class SLOTarget:
+    tpot_s: float  # time per output token target, seconds
+    priority: float = 0.0  # larger = served first among requests that fall short
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What the policy decided for one step. ``batch`` is None when no propose call was made."""
+
+    batch: object | None  # the truncated DraftBatch (or None: plain decoding)
+    budget: int
+    expected_accepted: float  # corrected Σf of the kept nodes
+    predicted_s: float
+    drafted: bool
+    choice: BudgetChoice | None = None
+
+
+@dataclass
+class AcceptanceStats:
+    """Observed vs predicted accepted tokens (the acceptance model check)."""
+
+    predicted: float = 0.0  # forgotten sums used for the correction factor
+    observed: float = 0.0
+    total_predicted: float = 0.0  # plain totals, for reports
+    total_observed: float = 0.0
+    steps: int = 0
+
+    @property
+    def ratio(self) -> float:
+        """observed / predicted over the whole run (1.0 = calibrated; < 1: over-confident drafter)."""
+        return self.total_observed / self.total_predicted if self.total_predicted > 0 else float("nan")
+
+
+@dataclass
+class _RequestStats:
+    time_s: float = 0.0
+    tokens: int = 0
+
+
+class BudgetPolicy:
+    """Chooses each step's budget; owns the cost model and the acceptance check. Engine-agnostic:
+    ``plan`` calls the drafter, ``observe`` takes the measured step."""
+
+    def __init__(self, config: BudgetConfig | None = None, cost_model: CostModel | None = None) -> None:
+        self.config = config or BudgetConfig()
+        self.cost = cost_model or CostModel()
+        self.acceptance = AcceptanceStats()
+        self.slo: dict[int, SLOTarget] = {}
+        self.history: list[tuple[int, int]] = []  # (batch size, chosen budget) per step
+        self._requests: dict[int, _RequestStats] = {}
+        self._skip = 0  # steps left without proposing
+        self._backoff = 1
+        self._last: StepPlan | None = None
+        self._finished: dict[int, tuple[float, int, SLOTarget | None]] = {}
+
+    # -- requests -----------------------------------------------------------------------------------
+    def set_slo(self, rid: int, tpot_s: float | None, priority: float = 0.0) -> None:
+        """Gives request ``rid`` a TPOT target (seconds per output token); None removes it."""
+        if tpot_s is None:
+            self.slo.pop(rid, None)
+            return
+        if not tpot_s > 0:
+            raise ValueError(f"TPOT target must be > 0 seconds, got {tpot_s}")
+        self.slo[rid] = SLOTarget(float(tpot_s), float(priority))
+
+    def remove_request(self, rid: int) -> None:
+        st = self._requests.pop(rid, None)
+        if st is not None:
+            self._finished[rid] = (st.time_s, st.tokens, self.slo.get(rid))
+        self.slo.pop(rid, None)
+
+    @property
+    def correction(self) -> float:
+        a = self.acceptance
+        if not self.config.acceptance_correction or a.predicted < 8.0:
+            return 1.0  # not enough evidence yet
+        return float(np.clip(a.observed / a.predicted, 0.25, 2.0))
+
+    # -- planning -----------------------------------------------------------------------------------
+    def plan(self, drafter, rids, n_context: int) -> StepPlan:
+        """Proposes (or not) and truncates the batch for this step. ``n_context`` = committed tokens of
+        all requests in ``rids``."""
+        rids = list(rids)
+        b = len(rids)
+        cfg = self.config
+        if b == 0 or cfg.budget == 0 or drafter is None:
+            return self._remember(StepPlan(None, 0, 0.0, self._predict(b, n_context, 0, False), False))
+        if cfg.mode == "adaptive" and self._skip > 0:
+            self._skip -= 1
+            return self._remember(StepPlan(None, 0, 0.0, self._predict(b, n_context, 0, False), False))
+        batch = drafter.propose(rids, budget=cfg.budget)
+        if cfg.max_per_request is not None:
+            batch = cap_per_request(batch, cfg.max_per_request)
+        k_avail = len(batch.gain) - 1
+        if cfg.mode == "fixed":
+            k = min(cfg.budget, k_avail)
+            exp = float(self.correction * batch.gain[k])
+            plan = StepPlan(batch.truncate(k), k, exp, self._predict(b, n_context, k, True), True)
+            return self._remember(plan)
+        targets = self._targets(rids)
+        choice = choose_budget(
+            batch.gain, b, n_context, self.cost, correction=self.correction, min_gain=cfg.min_gain
+        )
+        if np.isfinite(targets[0]).any():
+            batch, choice = self._slo_choice(batch, choice, b, n_context, *targets)
+        self._update_backoff(choice, b, n_context)
+        k = choice.budget
+        plan = StepPlan(batch.truncate(k), k, choice.expected_accepted, choice.predicted_s, True, choice)
+        return self._remember(plan)
+
+    def _predict(self, b: int, n_context: int, k: int, drafted: bool) -> float:
+        if b == 0:
+            return 0.0
+        return float(self.cost.predict(b, n_context, k, drafted=drafted).total)
+
+    def _remember(self, plan: StepPlan) -> StepPlan:
+        self._last = plan
+        return plan
+
+    def _targets(self, rids) -> tuple[np.ndarray, np.ndarray]:
+        t = np.array([self.slo[r].tpot_s if r in self.slo else np.inf for r in rids])
+        p = np.array([self.slo[r].priority if r in self.slo else 0.0 for r in rids])
+        return t, p
+
+    def _update_backoff(self, choice: BudgetChoice, b: int, n_context: int) -> None:
+        """Stops calling the drafter while speculation loses to plain decoding (draft time included)."""
+        plain = b / max(self._predict(b, n_context, 0, False), 1e-9)
+        if choice.budget == 0 and float(choice.goodput.max()) <= plain:
+            self._skip = self._backoff
+            self._backoff = min(2 * self._backoff, self.config.max_backoff)
+        else:
+            self._backoff = 1
+
+    def _slo_choice(self, batch, choice: BudgetChoice, b, n_context, targets, prio):
+        """Re-ranks SLO-first for the throughput choice's step time, then picks, among budgets within
+        the goodput tolerance of the best, the one meeting the most priority-weighted targets."""
+        cfg = self.config
+        step_s = max(choice.predicted_s, 1e-9)
+        ranked = slo_first(batch, step_s, targets, slack_s=cfg.slo_slack_s, priority=prio)
+        corr = self.correction
+        c2 = choose_budget(ranked.gain, b, n_context, self.cost, correction=corr, min_gain=0.0)
+        best_gp = float(choice.goodput.max())
+        table = request_gain_table(ranked, accumulated_probs(ranked))  # [K+1, B]
+        tpot = c2.step_s[:, None] / (1.0 + corr * table)  # predicted TPOT per budget and request
+        weight = np.where(np.isfinite(targets), 1.0 + np.maximum(prio, 0.0), 0.0)
+        met = ((tpot <= targets[None, :]) * weight[None, :]).sum(axis=1)
+        ok = c2.goodput >= (1.0 - cfg.slo_goodput_tolerance) * best_gp
+        if not ok.any():
+            return batch, choice
+        score = np.where(ok, met, -1.0)
+        cand = np.flatnonzero(score == score.max())
+        k = int(cand[np.argmax(c2.goodput[cand])])  # most targets met, then the best goodput
+        exp = float(corr * ranked.gain[k])
+        return ranked, BudgetChoice(k, exp, float(c2.step_s[k]), c2.goodput, c2.step_s)
+
+    # -- feedback -----------------------------------------------------------------------------------
+    def observe(self, timing: StepTiming, accepted_counts=None, rids=None, tokens_per_request=None) -> None:
+        """Feeds one measured step back: the cost model, the acceptance check (Σ accepted vs the plan's
+        expected Σf) and per-request TPOT bookkeeping (``tokens_per_request``[i] tokens for ``rids``[i]
+        this step, accepted + bonus)."""
+        self.cost.observe(timing)
+        self.history.append((timing.batch_size, timing.budget if self._last is None else self._last.budget))
+        plan = self._last
+        if plan is not None and plan.drafted and accepted_counts is not None and plan.budget > 0:
+            acc = float(np.sum(accepted_counts))
+            pred = plan.expected_accepted / max(self.correction, 1e-9)  # back to the raw Σf
+            a = self.acceptance
+            decay = 1.0 - 1.0 / max(self.config.correction_window, 1.0)
+            a.predicted = decay * a.predicted + pred
+            a.observed = decay * a.observed + acc
+            a.total_predicted += pred
+            a.total_observed += acc
+            a.steps += 1
+        if rids is not None and tokens_per_request is not None:
+            step_s = timing.forward_s + timing.draft_s + timing.other_s
+            for rid, n in zip(rids, tokens_per_request, strict=True):
+                st = self._requests.setdefault(rid, _RequestStats())
+                st.time_s += step_s
+                st.tokens += int(n)
+
+    # -- reports ------------------------------------------------------------------------------------
+    def slo_report(self) -> dict[int, dict]:
+        """Per request (live and finished): TPOT so far, its target and whether it is met."""
+        out = {}
+        live = {r: (s.time_s, s.tokens, self.slo.get(r)) for r, s in self._requests.items()}
+        for rid, (time_s, tokens, target) in {**self._finished, **live}.items():
+            tpot = time_s / tokens if tokens else float("nan")
+            out[rid] = {
+                "tpot_s": tpot,
+                "target_s": None if target is None else target.tpot_s,
+                "priority": None if target is None else target.priority,
+                "met": None if target is None or not tokens else bool(tpot <= target.tpot_s),
+            }
+        return out
