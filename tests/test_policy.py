@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from sssd.budget import accumulated_probs, cap_per_request, choose_budget, request_gain_table, slo_first
@@ -9,6 +11,17 @@ from sssd.costmodel import CostModel, StepTiming
 from sssd.policy import BudgetConfig, BudgetPolicy
 
 from tests.fake_drafts import FakeDrafter, make_batch
+
+
+@dataclasses.dataclass(frozen=True)
+class _NoTruncate:
+    tokens: np.ndarray
+    parents: np.ndarray
+    probs: np.ndarray
+    depth: np.ndarray
+    offsets: np.ndarray
+    rank: np.ndarray
+    gain: np.ndarray
 
 
 def chain(n, p):
@@ -157,3 +170,15 @@ def test_config_validation():
         BudgetPolicy().set_slo(1, 0.0)
     with pytest.raises(ValueError):
         choose_budget(np.array([]), 1, 0, CostModel())
+
+
+def test_generic_truncate_matches_fake_batch():
+    from sssd.budget import truncate_batch
+
+    b = make_batch([chain(3, 0.9), ([0, 0, 1], [0.6, 0.3, 0.5]), chain(2, 0.1)])
+    plain = dataclasses.replace(b)  # same fields; hide the method by wrapping in a method-less clone
+    clone = _NoTruncate(**{f.name: getattr(plain, f.name) for f in dataclasses.fields(plain)})
+    for k in range(len(b.gain)):
+        want, got = b.truncate(k), truncate_batch(clone, k)
+        for name in ("tokens", "parents", "probs", "depth", "offsets", "rank"):
+            np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=f"{name} k={k}")

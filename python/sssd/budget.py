@@ -172,3 +172,36 @@ def slo_first(batch, step_s: float, targets: np.ndarray, *, slack_s: float = 0.0
         expected[i] += f[node]
     key[rank < 0] = -1  # roots are ignored by rerank
     return rerank(batch, key)
+
+
+def truncate_batch(batch, k: int):
+    """The batch restricted to its roots and the nodes with rank < ``k`` (parents re-indexed).
+
+    Uses the batch's own ``truncate`` when it has one (the drafter's DraftBatch); this generic version
+    serves contract-conforming stand-ins (baseline drafters). Per-node arrays of length N are filtered;
+    ``offsets`` recomputed; ``gain`` cut to [k+1].
+    """
+    if hasattr(batch, "truncate"):
+        return batch.truncate(k)
+    k = int(k)
+    if k < 0:
+        raise ValueError(f"truncate: k must be >= 0, got {k}")
+    rank = np.asarray(batch.rank)
+    offsets = np.asarray(batch.offsets)
+    n = len(rank)
+    b = len(offsets) - 1
+    idx = np.flatnonzero(rank < k)  # roots have rank -1
+    tree = np.repeat(np.arange(b), np.diff(offsets))
+    new_offsets = np.zeros(b + 1, dtype=np.int64)
+    np.cumsum(np.bincount(tree[idx], minlength=b), out=new_offsets[1:])
+    local = np.full(n, -1, dtype=np.int64)
+    local[idx] = np.arange(len(idx)) - new_offsets[tree[idx]]
+    parents = np.asarray(batch.parents)[idx]
+    glob = np.where(parents >= 0, parents + offsets[tree[idx]], 0)
+    new_parents = np.where(parents >= 0, local[glob], -1).astype(np.int32)
+    changes = {"parents": new_parents, "offsets": new_offsets, "gain": np.asarray(batch.gain)[: k + 1]}
+    for f in dataclasses.fields(batch):
+        v = getattr(batch, f.name)
+        if f.name not in changes and isinstance(v, np.ndarray) and v.ndim >= 1 and v.shape[0] == n:
+            changes[f.name] = v[idx]
+    return dataclasses.replace(batch, **changes)

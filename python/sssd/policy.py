@@ -24,6 +24,7 @@ from sssd.budget import (
     choose_budget,
     request_gain_table,
     slo_first,
+    truncate_batch,
 )
 from sssd.costmodel import CostModel, StepTiming
 
@@ -153,7 +154,7 @@ class BudgetPolicy:
         if cfg.mode == "fixed":
             k = min(cfg.budget, k_avail)
             exp = float(self.correction * batch.gain[k])
-            plan = StepPlan(batch.truncate(k), k, exp, self._predict(b, n_context, k, True), True)
+            plan = StepPlan(truncate_batch(batch, k), k, exp, self._predict(b, n_context, k, True), True)
             return self._remember(plan)
         targets = self._targets(rids)
         choice = choose_budget(
@@ -163,7 +164,9 @@ class BudgetPolicy:
             batch, choice = self._slo_choice(batch, choice, b, n_context, *targets)
         self._update_backoff(choice, b, n_context)
         k = choice.budget
-        plan = StepPlan(batch.truncate(k), k, choice.expected_accepted, choice.predicted_s, True, choice)
+        plan = StepPlan(
+            truncate_batch(batch, k), k, choice.expected_accepted, choice.predicted_s, True, choice
+        )
         return self._remember(plan)
 
     def _predict(self, b: int, n_context: int, k: int, drafted: bool) -> float:
