@@ -56,11 +56,13 @@ def choose_budget(
     drafted: bool = True,
     correction: float = 1.0,
     min_gain: float = 0.0,
+    draft_budget: int | None = None,
 ) -> BudgetChoice:
     """Highest expected goodput = (batch_size + correction·gain[k]) / predicted_time(k) over k = 0..K.
 
     ``gain`` [M+1] from the batch (gain[0] = 0). ``drafted``: the propose call is part of this step
-    (its time is then in every candidate, including k = 0, as it has been spent). Ties and candidates
+    (its time is then in every candidate, including k = 0, as it has been spent) and ``draft_budget`` the
+    budget it was called with (default: each candidate's own). Ties and candidates
     within ``min_gain`` (relative) of budget 0 go to the smaller budget, so noise never buys speculation.
     """
     gain = np.asarray(gain, dtype=np.float64)
@@ -70,7 +72,7 @@ def choose_budget(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     k_max = len(gain) - 1 if max_budget is None else min(len(gain) - 1, max(0, int(max_budget)))
     ks = np.arange(k_max + 1)
-    step = cost.predict(batch_size, n_context, ks, drafted=drafted).total
+    step = cost.predict(batch_size, n_context, ks, drafted=drafted, draft_budget=draft_budget).total
     step = np.maximum(step, 1e-9)
     tokens = batch_size + correction * gain[: k_max + 1]
     goodput = tokens / step

@@ -215,16 +215,27 @@ class CostModel:
         self.meta = dict(meta or {})
 
     # -- prediction ---------------------------------------------------------------------------------
-    def predict(self, batch_size: int, n_context: int, budgets, *, drafted: bool | None = None) -> StepCost:
+    def predict(
+        self,
+        batch_size: int,
+        n_context: int,
+        budgets,
+        *,
+        drafted: bool | None = None,
+        draft_budget: int | None = None,
+    ) -> StepCost:
         """Predicted cost of a step with ``batch_size`` requests, ``n_context`` committed tokens and each
         global budget in ``budgets`` (int or array [K]) draft nodes. Drafting time is counted for budgets
-        > 0 unless ``drafted`` says whether a propose call is (True) or is not (False) part of the step."""
+        > 0 unless ``drafted`` says whether a propose call is (True) or is not (False) part of the step;
+        ``draft_budget``: the budget the drafter was asked for (one propose at the largest candidate, then
+        truncated), default each candidate's own budget."""
         k = np.asarray(budgets, dtype=np.float64)
         one = np.ones_like(k)
         n_batched = batch_size + k
         fwd = self.forward.predict(np.stack([n_context * one, n_batched, one], axis=-1))
         oth = self.other.predict(np.stack([batch_size * one, n_batched, one], axis=-1))
-        drf = self.draft.predict(np.stack([batch_size * one, k, one], axis=-1))
+        kd = k if draft_budget is None else float(draft_budget) * one
+        drf = self.draft.predict(np.stack([batch_size * one, kd, one], axis=-1))
         if drafted is None:
             drf = np.where(k > 0, drf, 0.0)
         elif not drafted:

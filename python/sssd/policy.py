@@ -154,11 +154,18 @@ class BudgetPolicy:
         if cfg.mode == "fixed":
             k = min(cfg.budget, k_avail)
             exp = float(self.correction * batch.gain[k])
-            plan = StepPlan(truncate_batch(batch, k), k, exp, self._predict(b, n_context, k, True), True)
+            pred = float(self.cost.predict(b, n_context, k, drafted=True, draft_budget=cfg.budget).total)
+            plan = StepPlan(truncate_batch(batch, k), k, exp, pred, True)
             return self._remember(plan)
         targets = self._targets(rids)
         choice = choose_budget(
-            batch.gain, b, n_context, self.cost, correction=self.correction, min_gain=cfg.min_gain
+            batch.gain,
+            b,
+            n_context,
+            self.cost,
+            correction=self.correction,
+            min_gain=cfg.min_gain,
+            draft_budget=cfg.budget,
         )
         if np.isfinite(targets[0]).any():
             batch, choice = self._slo_choice(batch, choice, b, n_context, *targets)
@@ -199,7 +206,7 @@ class BudgetPolicy:
         step_s = max(choice.predicted_s, 1e-9)
         ranked = slo_first(batch, step_s, targets, slack_s=cfg.slo_slack_s, priority=prio)
         corr = self.correction
-        c2 = choose_budget(ranked.gain, b, n_context, self.cost, correction=corr, min_gain=0.0)
+        c2 = choose_budget(ranked.gain, b, n_context, self.cost, correction=corr, draft_budget=cfg.budget)
         best_gp = float(choice.goodput.max())
         table = request_gain_table(ranked, accumulated_probs(ranked))  # [K+1, B]
         tpot = c2.step_s[:, None] / (1.0 + corr * table)  # predicted TPOT per budget and request
