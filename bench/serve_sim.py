@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from serve_workload import Arrival, Finished, StepLog
-from sssd.costmodel import CostModel, StepTiming
-from sssd.policy import BudgetPolicy
+from sssd.costmodel import CostModel
+from sssd.policy import BudgetPolicy, PolicyView, StepRecord
 from sssd.simulate import accepted_lengths
 
 
@@ -86,14 +86,14 @@ def simulate_serving(
 def _step(live, drafter, policy: BudgetPolicy, truth: CostModel, log: StepLog, clock: float) -> float:
     rids = list(live)
     b = len(rids)
-    n_ctx = int(sum(len(live[r].prompt) + live[r].pos for r in rids))
-    plan = policy.plan(drafter, rids, n_ctx)
+    ctx = [len(live[r].prompt) + live[r].pos for r in rids]
+    n_ctx = int(sum(ctx))
+    plan = policy.step(drafter, PolicyView(rids, ctx))
     acc = np.zeros(b, dtype=np.int64)
     if plan.batch is not None and plan.budget > 0:
         batch = plan.batch
         offsets = np.asarray(batch.offsets)
         depth = np.asarray(batch.depth)
-        tree = np.repeat(np.arange(b), np.diff(offsets))
         targets = np.full(len(depth), -1, dtype=np.int64)
         for i, r in enumerate(rids):
             sl = slice(offsets[i], offsets[i + 1])
@@ -102,7 +102,6 @@ def _step(live, drafter, policy: BudgetPolicy, truth: CostModel, log: StepLog, c
             t = np.full(ok.shape, -1, dtype=np.int64)
             t[ok] = live[r].output[at[ok]]
             targets[sl] = t
-        del tree
         acc, _ = accepted_lengths(
             np.asarray(batch.tokens), np.asarray(batch.parents), depth, offsets, targets
         )
@@ -120,10 +119,7 @@ def _step(live, drafter, policy: BudgetPolicy, truth: CostModel, log: StepLog, c
         drafter.extend(r, lv.output[lv.pos : lv.pos + n].astype(np.int32))
         lv.pos += n
         tokens.append(n)
-    timing = StepTiming(b, n_ctx, b + plan.budget, draft_budget, fwd, drf, oth)
-    policy.observe(
-        timing, accepted_counts=acc if plan.drafted else None, rids=rids, tokens_per_request=tokens
-    )
+    policy.observe(StepRecord(b, plan.budget, b + plan.budget, n_ctx, tuple(acc), drf, fwd, oth, step_s))
     log.add(b, plan.budget, step_s, int(acc.sum()), plan.expected_accepted)
     return clock
 

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from sssd.costmodel import CostModel, StepTiming, huber_irls
+from sssd.costmodel import CostModel, StepSample, huber_irls
 
 
 def _synthetic(rng, n, coef, outlier_frac=0.1):
@@ -52,7 +52,7 @@ def _timings(rng, n, fwd, drf, oth, outliers=0.1):
         nb = b + k
         slow = rng.random() < outliers
         out.append(
-            StepTiming(
+            StepSample(
                 batch_size=b,
                 n_context=ctx,
                 n_batched=nb,
@@ -90,7 +90,7 @@ def test_prior_holds_unexcited_directions():
     # every sample has budget 0: the budget slope of the draft part cannot be learned, keep the seed
     cm = CostModel(forward=(1e-7, 5e-4, 1e-2), prior_weight=8.0)
     for b in range(1, 40):
-        cm.observe(StepTiming(b, 100 * b, b, 0, forward_s=1e-7 * 100 * b + 5e-4 * b + 1e-2))
+        cm.observe(StepSample(b, 100 * b, b, 0, forward_s=1e-7 * 100 * b + 5e-4 * b + 1e-2))
     cm.forward.refit()
     assert cm.forward.coef[1] == pytest.approx(5e-4, rel=0.1)
 
@@ -113,4 +113,4 @@ def test_profile_round_trip(tmp_path):
 def test_observe_rejects_inconsistent_steps():
     cm = CostModel()
     with pytest.raises(ValueError):
-        cm.observe(StepTiming(batch_size=4, n_context=10, n_batched=2, budget=0, forward_s=0.01))
+        cm.observe(StepSample(batch_size=4, n_context=10, n_batched=2, budget=0, forward_s=0.01))

@@ -169,7 +169,7 @@ def _anchor_points(x: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class StepTiming:
+class StepSample:
     """Measured times (seconds) and sizes of one engine step, the cost model's unit of evidence."""
 
     batch_size: int  # requests in the step
@@ -195,7 +195,7 @@ class StepCost:
 
 
 class CostModel:
-    """Predicts step time from batch shape; fitted online from :class:`StepTiming` samples."""
+    """Predicts step time from batch shape; fitted online from :class:`StepSample` samples."""
 
     def __init__(
         self,
@@ -246,7 +246,7 @@ class CostModel:
         return max(0.0, float(self.draft.predict(np.array([batch_size, budget, 1.0]))))
 
     # -- online update ------------------------------------------------------------------------------
-    def observe(self, t: StepTiming) -> None:
+    def observe(self, t: StepSample) -> None:
         """Adds one measured step; each part refits every few samples."""
         if t.batch_size < 1 or t.n_batched < t.batch_size or t.n_context < 0 or t.budget < 0:
             raise ValueError(f"inconsistent step timing: {t}")

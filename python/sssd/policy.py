@@ -26,7 +26,7 @@ from sssd.budget import (
     slo_first,
     truncate_batch,
 )
-from sssd.costmodel import CostModel, StepTiming
+from sssd.costmodel import CostModel, StepSample
 
 MODES = ("adaptive", "fixed")
 
@@ -96,9 +96,36 @@ class _RequestStats:
     tokens: int = 0
 
 
+@dataclass(frozen=True)
+class PolicyView:
+    """What the policy sees before a step (the engine's ``StepView`` has these fields and more)."""
+
+    request_ids: list[int]
+    context_lens: list[int]  # committed tokens per request
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One finished step as the engine reports it (its ``StepTiming`` has these fields). Seconds."""
+
+    batch_size: int
+    budget: int | tuple[int, ...]  # what plan() returned
+    num_nodes: int  # nodes in the forward, roots included
+    context_tokens: int  # committed tokens attended to, before the step
+    accepted: tuple[int, ...]  # accepted draft nodes per request (bonus excluded)
+    draft_time: float
+    forward_time: float
+    verify_time: float  # verification + KV commit + bookkeeping
+    step_time: float
+
+
 class BudgetPolicy:
-    """Chooses each step's budget; owns the cost model and the acceptance check. Engine-agnostic:
-    ``plan`` calls the drafter, ``observe`` takes the measured step."""
+    """Chooses each step's budget; owns the cost model and the acceptance check.
+
+    The engine's hook: ``plan(view)`` returns the budget to propose at (0 = plain decoding step, no
+    drafter call); ``select(view, batch)`` returns the batch truncated to the chosen global budget;
+    ``observe(timing)`` takes the measured step. ``step(drafter, view)`` does plan + propose + select
+    for callers that drive the drafter themselves (the serving simulator)."""
 
     def __init__(self, config: BudgetConfig | None = None, cost_model: CostModel | None = None) -> None:
         self.config = config or BudgetConfig()
@@ -110,6 +137,7 @@ class BudgetPolicy:
         self._skip = 0  # steps left without proposing
         self._backoff = 1
         self._last: StepPlan | None = None
+        self._last_rids: list[int] = []
         self._finished: dict[int, tuple[float, int, SLOTarget | None]] = {}
 
     # -- requests -----------------------------------------------------------------------------------
@@ -135,29 +163,37 @@ class BudgetPolicy:
             return 1.0  # not enough evidence yet
         return float(np.clip(a.observed / a.predicted, 0.25, 2.0))
 
-    # -- planning -----------------------------------------------------------------------------------
-    def plan(self, drafter, rids, n_context: int) -> StepPlan:
-        """Proposes (or not) and truncates the batch for this step. ``n_context`` = committed tokens of
-        all requests in ``rids``."""
-        rids = list(rids)
-        b = len(rids)
+    # -- the engine hook ------------------------------------------------------------------------------
+    def plan(self, view) -> int:
+        """Budget to propose at this step: the largest candidate, or 0 (plain decoding) when there is
+        nothing to gain or speculation has stopped paying (then re-probed with exponential back-off)."""
+        rids = list(view.request_ids)
+        n_context = int(sum(view.context_lens))
         cfg = self.config
-        if b == 0 or cfg.budget == 0 or drafter is None:
-            return self._remember(StepPlan(None, 0, 0.0, self._predict(b, n_context, 0, False), False))
+        self._last_rids = rids
+        self._last = StepPlan(None, 0, 0.0, self._predict(len(rids), n_context, 0, False), False)
+        if not rids or cfg.budget == 0:
+            return 0
         if cfg.mode == "adaptive" and self._skip > 0:
             self._skip -= 1
-            return self._remember(StepPlan(None, 0, 0.0, self._predict(b, n_context, 0, False), False))
-        batch = drafter.propose(rids, budget=cfg.budget)
+            return 0
+        return cfg.budget
+
+    def select(self, view, batch):
+        """Truncates the proposed ``batch`` to the chosen global budget (fixed: the configured one;
+        adaptive: the best expected goodput; SLO targets: see the module doc)."""
+        cfg = self.config
+        rids = list(view.request_ids)
+        b = len(rids)
+        n_context = int(sum(view.context_lens))
         if cfg.max_per_request is not None:
             batch = cap_per_request(batch, cfg.max_per_request)
-        k_avail = len(batch.gain) - 1
         if cfg.mode == "fixed":
-            k = min(cfg.budget, k_avail)
+            k = min(cfg.budget, len(batch.gain) - 1)
             exp = float(self.correction * batch.gain[k])
             pred = float(self.cost.predict(b, n_context, k, drafted=True, draft_budget=cfg.budget).total)
-            plan = StepPlan(truncate_batch(batch, k), k, exp, pred, True)
-            return self._remember(plan)
-        targets = self._targets(rids)
+            self._last = StepPlan(truncate_batch(batch, k), k, exp, pred, True)
+            return self._last.batch
         choice = choose_budget(
             batch.gain,
             b,
@@ -167,23 +203,27 @@ class BudgetPolicy:
             min_gain=cfg.min_gain,
             draft_budget=cfg.budget,
         )
-        if np.isfinite(targets[0]).any():
-            batch, choice = self._slo_choice(batch, choice, b, n_context, *targets)
+        targets, prio = self._targets(rids)
+        if np.isfinite(targets).any():
+            batch, choice = self._slo_choice(batch, choice, b, n_context, targets, prio)
         self._update_backoff(choice, b, n_context)
         k = choice.budget
-        plan = StepPlan(
+        self._last = StepPlan(
             truncate_batch(batch, k), k, choice.expected_accepted, choice.predicted_s, True, choice
         )
-        return self._remember(plan)
+        return self._last.batch
+
+    def step(self, drafter, view) -> StepPlan:
+        """plan + ``drafter.propose`` + select, for callers that drive the drafter themselves."""
+        k = self.plan(view)
+        if k > 0 and drafter is not None:
+            self.select(view, drafter.propose(list(view.request_ids), budget=k))
+        return self._last
 
     def _predict(self, b: int, n_context: int, k: int, drafted: bool) -> float:
         if b == 0:
             return 0.0
         return float(self.cost.predict(b, n_context, k, drafted=drafted).total)
-
-    def _remember(self, plan: StepPlan) -> StepPlan:
-        self._last = plan
-        return plan
 
     def _targets(self, rids) -> tuple[np.ndarray, np.ndarray]:
         t = np.array([self.slo[r].tpot_s if r in self.slo else np.inf for r in rids])
@@ -222,29 +262,39 @@ class BudgetPolicy:
         return ranked, BudgetChoice(k, exp, float(c2.step_s[k]), c2.goodput, c2.step_s)
 
     # -- feedback -----------------------------------------------------------------------------------
-    def observe(self, timing: StepTiming, accepted_counts=None, rids=None, tokens_per_request=None) -> None:
-        """Feeds one measured step back: the cost model, the acceptance check (Σ accepted vs the plan's
-        expected Σf) and per-request TPOT bookkeeping (``tokens_per_request``[i] tokens for ``rids``[i]
-        this step, accepted + bonus)."""
-        self.cost.observe(timing)
-        self.history.append((timing.batch_size, timing.budget if self._last is None else self._last.budget))
+    def observe(self, timing) -> None:
+        """Feeds one measured step back (the engine's ``StepTiming`` or a :class:`StepRecord`): the cost
+        model, the acceptance check (Σ accepted vs the plan's expected Σf) and per-request TPOT."""
         plan = self._last
-        if plan is not None and plan.drafted and accepted_counts is not None and plan.budget > 0:
-            acc = float(np.sum(accepted_counts))
+        drafted = plan is not None and plan.drafted
+        b = int(timing.batch_size)
+        self.cost.observe(
+            StepSample(
+                batch_size=b,
+                n_context=int(timing.context_tokens),
+                n_batched=int(timing.num_nodes),
+                budget=int(self.config.budget) if drafted else 0,
+                forward_s=float(timing.forward_time),
+                draft_s=float(timing.draft_time),
+                other_s=max(0.0, float(timing.step_time) - timing.forward_time - timing.draft_time),
+            )
+        )
+        self.history.append((b, 0 if plan is None else plan.budget))
+        accepted = np.asarray(timing.accepted, dtype=np.float64)
+        if drafted and plan.budget > 0:
             pred = plan.expected_accepted / max(self.correction, 1e-9)  # back to the raw Σf
             a = self.acceptance
             decay = 1.0 - 1.0 / max(self.config.correction_window, 1.0)
             a.predicted = decay * a.predicted + pred
-            a.observed = decay * a.observed + acc
+            a.observed = decay * a.observed + float(accepted.sum())
             a.total_predicted += pred
-            a.total_observed += acc
+            a.total_observed += float(accepted.sum())
             a.steps += 1
-        if rids is not None and tokens_per_request is not None:
-            step_s = timing.forward_s + timing.draft_s + timing.other_s
-            for rid, n in zip(rids, tokens_per_request, strict=True):
+        if len(self._last_rids) == len(accepted):
+            for rid, n in zip(self._last_rids, accepted, strict=True):
                 st = self._requests.setdefault(rid, _RequestStats())
-                st.time_s += step_s
-                st.tokens += int(n)
+                st.time_s += float(timing.step_time)
+                st.tokens += int(n) + 1
 
     # -- reports ------------------------------------------------------------------------------------
     def slo_report(self) -> dict[int, dict]:
