@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from sssd.baselines import PromptLookupDrafter
 from sssd.pairs import Pair
-from sssd.simulate import accepted_lengths, expected_calibration_error, simulate
+from sssd.simulate import GroupStats, accepted_lengths, expected_calibration_error, merge_results, simulate
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,7 @@ class ScriptedDrafter:
     """Knows the outputs. mode "oracle": the next `budget` output tokens as a chain; "empty": roots only;
     "wrong-first": a tree whose first child is wrong and whose second child starts the right chain."""
 
-    source_names = ("input", "datastore")
+    source_names = ("input", "datastore", "recent")
 
     def __init__(self, pairs, mode="oracle"):
         self.pairs, self.mode = pairs, mode
@@ -50,13 +50,13 @@ class ScriptedDrafter:
             chain = out[self.pos[rid] : self.pos[rid] + b].tolist() if self.mode != "empty" else []
             t, p, d, s = [self.ctx[rid][-1]], [-1], [0], [0]
             if self.mode == "wrong-first" and chain:
-                t, p, d, s = [*t, 10**6], [*p, 0], [*d, 1], [*s, 2]
+                t, p, d, s = [*t, 10**6], [*p, 0], [*d, 1], [*s, 1]
                 chain = chain[: max(b - 1, 0)]
             for k, tok in enumerate(chain):
                 t.append(tok)
                 p.append(0 if k == 0 else len(t) - 2)
                 d.append(k + 1)
-                s.append(1 if k % 2 == 0 else 3)
+                s.append(0 if k % 2 == 0 else 2)
             toks += t
             pars += p
             dep += d
@@ -114,9 +114,10 @@ def test_wrong_sibling_does_not_block_the_right_path():
     assert d.observed == [([0], [3])] * 3
     assert r.by_depth[1].nodes == 6 and r.by_depth[1].reached == 6 and r.by_depth[1].accepted == 3
     assert r.by_depth[3].rate == 1.0
-    # bit codes: 2 = datastore only (the wrong node), 1 = input, 3 = both
-    assert r.by_source["datastore"].accepted == 3 and r.by_source["datastore"].nodes == 6
-    assert r.by_source["input"].nodes == 9 and r.by_source["input"].accepted == 9
+    # winner sources: the wrong node "datastore", chain nodes alternate "input" / "recent"
+    assert r.by_source["datastore"] == GroupStats(nodes=3, reached=3, accepted=0)
+    assert r.by_source["input"] == GroupStats(nodes=6, reached=6, accepted=6)
+    assert r.by_source["recent"] == GroupStats(nodes=3, reached=3, accepted=3)
     rec = r.records
     assert len(rec) == 12 and rec.accepted.sum() == 9
     assert set(rec.features) == {"probs", "depth", "source"}
@@ -183,3 +184,25 @@ def test_expected_calibration_error():
     assert expected_calibration_error(np.array([0.95, 0.95]), np.array([0, 0])) == pytest.approx(0.95)
     with pytest.raises(ValueError):
         expected_calibration_error(np.zeros(2), np.zeros(3))
+
+
+def test_merge_results_adds_up_disjoint_runs():
+    pairs = _pairs([10, 20, 30, 7])
+    kw = {"budget": 3, "collect_records": True}
+    whole = simulate(ScriptedDrafter(pairs, "wrong-first"), pairs, batch_size=2, **kw)
+    parts = []
+    for sel in ([0, 2], [1, 3]):
+        sub = [pairs[i] for i in sel]
+        parts.append(simulate(ScriptedDrafter(sub, "wrong-first"), sub, batch_size=1, **kw))
+    merged = merge_results(parts)
+    assert (merged.steps, merged.generated_tokens, merged.accepted_tokens) == (
+        whole.steps,
+        whole.generated_tokens,
+        whole.accepted_tokens,
+    )
+    assert merged.by_depth == whole.by_depth and merged.by_subset == whole.by_subset
+    assert len(merged.records) == len(whole.records) and merged.num_pairs == 4
+    with pytest.raises(ValueError):
+        merge_results([])
+    with pytest.raises(ValueError):
+        merge_results([parts[0], whole.__class__(**{**vars(whole), "budget": 9})])

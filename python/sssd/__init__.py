@@ -13,6 +13,7 @@ from sssd.datastore import (
     build_datastore,
 )
 from sssd.fingerprint import tokenizer_fingerprint
+from sssd.simulate import SimulationResult, simulate
 
 __version__ = "0.1.0"
 
@@ -41,9 +42,11 @@ __all__ = [
     "DatastoreInfo",
     "SearchConfig",
     "SearchResult",
+    "SimulationResult",
     "TokenizerMismatchError",
     "build_datastore",
     "has_openmp",
     "max_threads",
+    "simulate",
     "tokenizer_fingerprint",
 ]

@@ -12,7 +12,9 @@ import sys
 
 # (name, module, one-line help). Keep in alphabetical order.
 COMMANDS: list[tuple[str, str, str]] = [
+    ("calibrate", "sssd.commands.calibrate", "fit a calibration table on pairs with the simulator"),
     ("info", "sssd.commands.info", "show a datastore's header and check it"),
+    ("simulate", "sssd.commands.simulate", "replay (prompt, output) pairs through a drafter: MAL, timing"),
 ]
 
 

@@ -21,7 +21,7 @@ from sssd.pairs import Pair
 
 ALLOCATIONS = ("per-request", "global")
 # Per-node batch fields that are not calibration features.
-_NOT_FEATURES = {"tokens", "parents", "rank", "offsets", "gain"}
+_NOT_FEATURES = {"tokens", "parents", "rank", "offsets", "gain", "context_len"}
 
 
 @dataclass(frozen=True)
@@ -152,13 +152,10 @@ def _node_features(batch: Any, n: int) -> dict[str, np.ndarray]:
     return out
 
 
-def _source_names(drafter: Any) -> Callable[[int], list[str]] | None:
-    """Decoder of a batch's ``source`` codes: bit k set = the node came from source_names[k]."""
-    names = getattr(drafter, "source_names", None)
-    if not names:
-        return None
-    names = list(names)
-    return lambda code: [nm for k, nm in enumerate(names) if code >> k & 1] or ["none"]
+def _source_names(drafter: Any) -> Callable[[int], str]:
+    """Name of a batch ``source`` code (the node's winning source, an index into drafter.source_names)."""
+    names = list(getattr(drafter, "source_names", None) or ())
+    return lambda code: names[code] if 0 <= code < len(names) else str(code)
 
 
 class _Stats:
@@ -183,11 +180,11 @@ class _Stats:
         if source is None:
             return
         s = source[nonroot].astype(np.int64)
+        r, m = reached[nonroot], matched[nonroot]
         for code in np.unique(s):
             sel = s == code
-            c = np.array([sel.sum(), reached[nonroot][sel].sum(), matched[nonroot][sel].sum()], np.int64)
-            for nm in decode(int(code)) if decode else [str(int(code))]:
-                self._add(self.source, nm, c)
+            c = np.array([sel.sum(), r[sel].sum(), m[sel].sum()], dtype=np.int64)
+            self._add(self.source, decode(int(code)), c)
 
     def record(self, feats: dict[str, np.ndarray], reached: np.ndarray, matched: np.ndarray) -> None:
         for k, v in feats.items():
@@ -318,3 +315,51 @@ def expected_calibration_error(probs: np.ndarray, accepted: np.ndarray, bins: in
     n = np.bincount(b, minlength=bins)
     gap = np.abs(np.bincount(b, probs, bins) - np.bincount(b, accepted, bins))
     return float(gap.sum() / n.sum())
+
+
+def merge_results(results: Sequence[SimulationResult]) -> SimulationResult:
+    """One result over disjoint pair sets replayed with the same budget (e.g. the folds of a cross-fit).
+
+    Counts add up; records are concatenated (kept only when every part has them)."""
+    if not results:
+        raise ValueError("nothing to merge")
+    first = results[0]
+    if any((r.budget, r.allocation) != (first.budget, first.allocation) for r in results):
+        raise ValueError("merge_results needs results with the same budget and allocation")
+
+    def add_groups(tables: list[dict]) -> dict:
+        out: dict = {}
+        for t in tables:
+            for k, g in t.items():
+                o = out.get(k, GroupStats(0, 0, 0))
+                out[k] = GroupStats(o.nodes + g.nodes, o.reached + g.reached, o.accepted + g.accepted)
+        return dict(sorted(out.items()))
+
+    subsets: dict[str, tuple[int, int]] = {}
+    for r in results:
+        for k, (s, t) in r.by_subset.items():
+            a, b = subsets.get(k, (0, 0))
+            subsets[k] = (a + s, b + t)
+    records = None
+    if all(r.records is not None for r in results):
+        keys = set.intersection(*(set(r.records.features) for r in results))
+        records = NodeRecords(
+            {k: np.concatenate([r.records.features[k] for r in results]) for k in sorted(keys)},
+            np.concatenate([r.records.accepted for r in results]),
+        )
+    return SimulationResult(
+        budget=first.budget,
+        batch_size=first.batch_size,
+        allocation=first.allocation,
+        num_pairs=sum(r.num_pairs for r in results),
+        steps=sum(r.steps for r in results),
+        batch_steps=sum(r.batch_steps for r in results),
+        generated_tokens=sum(r.generated_tokens for r in results),
+        drafted_tokens=sum(r.drafted_tokens for r in results),
+        accepted_tokens=sum(r.accepted_tokens for r in results),
+        propose_seconds=sum(r.propose_seconds for r in results),
+        by_depth=add_groups([r.by_depth for r in results]),
+        by_source=add_groups([r.by_source for r in results]),
+        by_subset=dict(sorted(subsets.items())),
+        records=records,
+    )
