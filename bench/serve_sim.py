@@ -6,8 +6,9 @@ output) pairs (teacher forcing: a draft node is accepted when its path equals th
 The policy under test runs unchanged: it calls the real drafter, chooses budgets with its own copy of
 the cost model, and observes the simulated step times.
 
-Prefill: requests admitted before a step are prefilled in one forward of all their prompt tokens
-(``forward(n_context=0, n_batched=Σ prompt)``), which also yields each one's first output token.
+Prefill (as the engine does it): each admitted request's prompt minus its last token is prefilled in
+its own forward (``forward(n_context=0, n_batched=len(prompt) - 1)``); the first output token comes from
+the request's first step.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def simulate_serving(
     log = StepLog()
     clock = 0.0
     while nxt < len(pending) or live:
-        # admission (FIFO, up to max_batch), prefilled together
+        # admission (FIFO, up to max_batch), each prompt prefilled in its own forward
         new = []
         while nxt < len(pending) and pending[nxt].arrival_s <= clock and len(live) + len(new) < max_batch:
             new.append(pending[nxt])
@@ -66,18 +67,14 @@ def simulate_serving(
         if not live and not new:
             clock = pending[nxt].arrival_s
             continue
-        if new:
-            clock += prefill_s(truth, sum(len(pairs[a.pair].prompt_ids) for a in new), len(new))
-            for a in new:
-                p = pairs[a.pair]
-                out = p.output_ids if max_new_tokens is None else p.output_ids[:max_new_tokens]
-                drafter.add_request(a.rid, np.concatenate([p.prompt_ids, out[:1]]).astype(np.int32))
-                live[a.rid] = _Live(a, p.prompt_ids, out, 1, clock)
-                if use_slo:
-                    policy.set_slo(a.rid, a.tpot_target_s, priority=1.0 if a.slo_class == "tight" else 0.0)
-            _finish_done(live, done, drafter, policy, clock)
-            if not live:
-                continue
+        for a in new:
+            p = pairs[a.pair]
+            out = p.output_ids if max_new_tokens is None else p.output_ids[:max_new_tokens]
+            clock += prefill_s(truth, len(p.prompt_ids) - 1, 1)
+            drafter.add_request(a.rid, np.asarray(p.prompt_ids, dtype=np.int32))
+            live[a.rid] = _Live(a, p.prompt_ids, out, 0, -1.0)
+            if use_slo:
+                policy.set_slo(a.rid, a.tpot_target_s, priority=1.0 if a.slo_class == "tight" else 0.0)
         clock = _step(live, drafter, policy, truth, log, clock)
         _finish_done(live, done, drafter, policy, clock)
     return done, log
@@ -112,13 +109,13 @@ def _step(live, drafter, policy: BudgetPolicy, truth: CostModel, log: StepLog, c
     fwd, drf, oth = float(c.forward), float(c.draft), float(c.other)
     step_s = fwd + drf + oth
     clock += step_s
-    tokens = []
     for i, r in enumerate(rids):
         lv = live[r]
         n = int(min(acc[i] + 1, len(lv.output) - lv.pos))
         drafter.extend(r, lv.output[lv.pos : lv.pos + n].astype(np.int32))
         lv.pos += n
-        tokens.append(n)
+        if lv.first_token_s < 0:
+            lv.first_token_s = clock
     policy.observe(StepRecord(b, plan.budget, b + plan.budget, n_ctx, tuple(acc), drf, fwd, oth, step_s))
     log.add(b, plan.budget, step_s, int(acc.sum()), plan.expected_accepted)
     return clock
