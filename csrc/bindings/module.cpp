@@ -22,4 +22,5 @@ PYBIND11_MODULE(_core, m) {
     }
   });
   sssd_py::bind_datastore(m);
+  sssd_py::bind_drafter(m);
 }

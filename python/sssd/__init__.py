@@ -12,8 +12,10 @@ from sssd.datastore import (
     TokenizerMismatchError,
     build_datastore,
 )
+from sssd.drafter import DraftBatch, Drafter, DrafterConfig, UnknownRequestError
 from sssd.fingerprint import tokenizer_fingerprint
 from sssd.simulate import SimulationResult, simulate
+from sssd.tree_buffers import TreeBuffers, tree_buffers
 
 __version__ = "0.1.0"
 
@@ -40,13 +42,19 @@ __all__ = [
     "Datastore",
     "DatastoreError",
     "DatastoreInfo",
+    "DraftBatch",
+    "Drafter",
+    "DrafterConfig",
     "SearchConfig",
     "SearchResult",
     "SimulationResult",
     "TokenizerMismatchError",
+    "TreeBuffers",
+    "UnknownRequestError",
     "build_datastore",
     "has_openmp",
     "max_threads",
     "simulate",
     "tokenizer_fingerprint",
+    "tree_buffers",
 ]
