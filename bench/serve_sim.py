@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from serve_workload import Arrival, Finished, StepLog
 from sssd.costmodel import CostModel
-from sssd.policy import BudgetPolicy, PolicyView, StepRecord
+from sssd.policy import BudgetPolicy, StepTiming, StepView
 from sssd.simulate import accepted_lengths
 
 
@@ -85,7 +85,8 @@ def _step(live, drafter, policy: BudgetPolicy, truth: CostModel, log: StepLog, c
     b = len(rids)
     ctx = [len(live[r].prompt) + live[r].pos for r in rids]
     n_ctx = int(sum(ctx))
-    plan = policy.step(drafter, PolicyView(rids, ctx))
+    remaining = [len(live[r].output) - live[r].pos for r in rids]
+    plan = policy.step(drafter, StepView(rids, ctx, remaining, [None] * b))
     acc = np.zeros(b, dtype=np.int64)
     if plan.batch is not None and plan.budget > 0:
         batch = plan.batch
@@ -116,7 +117,7 @@ def _step(live, drafter, policy: BudgetPolicy, truth: CostModel, log: StepLog, c
         lv.pos += n
         if lv.first_token_s < 0:
             lv.first_token_s = clock
-    policy.observe(StepRecord(b, plan.budget, b + plan.budget, n_ctx, tuple(acc), drf, fwd, oth, step_s))
+    policy.observe(StepTiming(b, plan.budget, b + plan.budget, n_ctx, tuple(acc), drf, fwd, oth, step_s))
     log.add(b, plan.budget, step_s, int(acc.sum()), plan.expected_accepted)
     return clock
 

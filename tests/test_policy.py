@@ -8,9 +8,13 @@ import numpy as np
 import pytest
 from sssd.budget import accumulated_probs, cap_per_request, choose_budget, request_gain_table, slo_first
 from sssd.costmodel import CostModel
-from sssd.policy import BudgetConfig, BudgetPolicy, PolicyView, StepRecord
+from sssd.policy import BudgetConfig, BudgetPolicy, StepTiming, StepView
 
 from tests.fake_drafts import FakeDrafter, make_batch
+
+
+def _view(rids, ctx):
+    return StepView(list(rids), list(ctx), [1000] * len(rids), [None] * len(rids))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +91,7 @@ def test_per_request_cap():
     t = capped.truncate(4)
     assert list(np.diff(t.offsets)) == [3, 3]
     policy = BudgetPolicy(BudgetConfig(mode="fixed", budget=8, max_per_request=2), flat_cost())
-    plan = policy.step(FakeDrafter(b), PolicyView([0, 1], [5, 5]))
+    plan = policy.step(FakeDrafter(b), _view([0, 1], [5, 5]))
     assert plan.budget == 4 and list(np.diff(plan.batch.offsets)) == [3, 3]
 
 
@@ -125,7 +129,7 @@ def test_adaptive_policy_backs_off_when_speculation_does_not_pay():
     b = make_batch([chain(8, 0.0)] * 2)
     drafter = FakeDrafter(b)
     policy = BudgetPolicy(BudgetConfig(max_backoff=4), flat_cost(draft=1e-3))
-    budgets = [policy.step(drafter, PolicyView([0, 1], [25, 25])).budget for _ in range(20)]
+    budgets = [policy.step(drafter, _view([0, 1], [25, 25])).budget for _ in range(20)]
     assert budgets == [0] * 20
     assert drafter.calls < 10  # probes with back-off instead of proposing every step
 
@@ -134,9 +138,9 @@ def test_adaptive_policy_slo_mode_meets_tight_target():
     b = make_batch([chain(8, 0.9), chain(8, 0.6), chain(8, 0.9)])
     cost = flat_cost(per_token=5e-4, const=0.05)
     policy = BudgetPolicy(BudgetConfig(budget=24, slo_goodput_tolerance=0.2), cost)
-    plain = policy.step(FakeDrafter(b), PolicyView([0, 1, 2], [100] * 3))
+    plain = policy.step(FakeDrafter(b), _view([0, 1, 2], [100] * 3))
     policy.set_slo(1, 0.025)
-    slo = policy.step(FakeDrafter(b), PolicyView([0, 1, 2], [100] * 3))
+    slo = policy.step(FakeDrafter(b), _view([0, 1, 2], [100] * 3))
     tree1 = slice(slo.batch.offsets[1], slo.batch.offsets[2])
     exp1 = accumulated_probs(slo.batch)[tree1][1:].sum()
     assert slo.predicted_s / (1 + exp1) <= 0.025
@@ -147,9 +151,9 @@ def test_acceptance_check_and_correction():
     b = make_batch([chain(8, 0.9)])
     policy = BudgetPolicy(BudgetConfig(), flat_cost(per_token=1e-3, const=0.05))
     for _ in range(30):
-        plan = policy.step(FakeDrafter(b), PolicyView([0], [100]))
+        plan = policy.step(FakeDrafter(b), _view([0], [100]))
         half = plan.expected_accepted / policy.correction / 2
-        policy.observe(StepRecord(1, 64, 1 + plan.budget, 100, (half,), 0.0, 0.05, 0.0, 0.05))
+        policy.observe(StepTiming(1, 64, 1 + plan.budget, 100, (half,), 0.0, 0.05, 0.0, 0.05))
     assert policy.acceptance.ratio == pytest.approx(0.5, rel=0.05)
     assert policy.correction == pytest.approx(0.5, rel=0.1)
     rep = policy.slo_report()

@@ -19,8 +19,14 @@ from sssd.tree_buffers import TreeBuffers, tree_buffers
 
 __version__ = "0.1.0"
 
-# Scheduling names, imported on first use (numpy only; nothing here may pull in torch at `import sssd`).
+# The engine needs torch and transformers: import it only when one of its names is used. The scheduling
+# names need only numpy but are imported on first use too.
 _LAZY = {
+    "Engine": "sssd.engine",
+    "EngineConfig": "sssd.engine",
+    "SamplingParams": "sssd.sampling",
+    "GenerationResult": "sssd.requests",
+    "StreamEvent": "sssd.requests",
     "BudgetConfig": "sssd.policy",
     "BudgetPolicy": "sssd.policy",
     "CostModel": "sssd.costmodel",
@@ -28,11 +34,12 @@ _LAZY = {
 
 
 def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sssd' has no attribute {name!r}")
+    import importlib
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'sssd' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
 
 
 __all__ = [
@@ -45,9 +52,14 @@ __all__ = [
     "DraftBatch",
     "Drafter",
     "DrafterConfig",
+    "Engine",
+    "EngineConfig",
+    "GenerationResult",
+    "SamplingParams",
     "SearchConfig",
     "SearchResult",
     "SimulationResult",
+    "StreamEvent",
     "TokenizerMismatchError",
     "TreeBuffers",
     "UnknownRequestError",

@@ -9,11 +9,19 @@ saved too) and probes again with exponential back-off.
 With TPOT targets (``set_slo``), among the budgets whose expected goodput is within
 ``slo_goodput_tolerance`` of the best, it picks the one that is predicted to meet the most (priority-
 weighted) targets, with nodes re-ranked so that requests falling short of their target get them first.
+
+The engine's hook (any object with these methods works; see ``sssd.engine``): ``plan(view: StepView)``
+returns the step's budget (a global int or one per request; 0 = plain decoding), an optional
+``select(view, batch)`` truncates the proposed batch, and ``observe(timing: StepTiming)`` gets the
+measured step. ``FixedBudget`` is the minimal policy; ``BudgetPolicy`` the adaptive one (the default).
 """
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -32,6 +40,60 @@ MODES = ("adaptive", "fixed")
 
 
 @dataclass(frozen=True)
+class StepView:
+    """What a policy sees before a step. Lists are in batch (slot) order."""
+
+    request_ids: list[int]
+    context_lens: list[int]  # committed tokens per request
+    remaining: list[int]  # tokens each request may still produce
+    own_budgets: list[int | None]  # per-request budgets given at add_request (None = not set)
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """One finished step. Times in seconds."""
+
+    batch_size: int
+    budget: int | tuple[int, ...]  # what plan() returned (after per-request overrides)
+    num_nodes: int  # nodes in the forward, roots included
+    context_tokens: int  # committed tokens attended to (sum over requests, before the step)
+    accepted: tuple[int, ...]  # accepted draft nodes per request (bonus excluded)
+    draft_time: float
+    forward_time: float
+    verify_time: float  # verification + KV commit + bookkeeping
+    step_time: float
+
+
+class PolicyHook(Protocol):
+    """What the engine needs of a budget policy (``BudgetPolicy`` below is the full one)."""
+
+    def plan(self, view: StepView) -> int | Sequence[int]: ...
+
+    def observe(self, timing: StepTiming) -> None: ...
+
+
+@dataclass
+class FixedBudget:
+    """The minimal policy: the same budget every step. ``per_request`` gives each tree ``budget`` nodes
+    instead of sharing ``budget`` across the batch."""
+
+    budget: int = 16
+    per_request: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.budget, bool) or not isinstance(self.budget, int) or self.budget < 0:
+            raise ValueError(f"budget must be an int >= 0, got {self.budget!r}")
+
+    def plan(self, view: StepView) -> int | Sequence[int]:
+        if self.per_request:
+            return [self.budget] * len(view.request_ids)
+        return self.budget
+
+    def observe(self, timing: StepTiming) -> None:
+        pass
+
+
+@dataclass(frozen=True)
 class BudgetConfig:
     """How the engine chooses the global speculation budget of each step."""
 
@@ -44,6 +106,7 @@ class BudgetConfig:
     max_backoff: int = 32  # longest run of steps without calling the drafter before probing again
     slo_slack_s: float = 0.0  # ε added to the predicted step time when deciding who falls short
     slo_goodput_tolerance: float = 0.05  # expected goodput the SLO choice may give up
+    slo_via_drafter: bool = True  # SLO-first selection by the drafter (propose(slo=..., step_time=...))
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -96,29 +159,6 @@ class _RequestStats:
     tokens: int = 0
 
 
-@dataclass(frozen=True)
-class PolicyView:
-    """What the policy sees before a step (the engine's ``StepView`` has these fields and more)."""
-
-    request_ids: list[int]
-    context_lens: list[int]  # committed tokens per request
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    """One finished step as the engine reports it (its ``StepTiming`` has these fields). Seconds."""
-
-    batch_size: int
-    budget: int | tuple[int, ...]  # what plan() returned
-    num_nodes: int  # nodes in the forward, roots included
-    context_tokens: int  # committed tokens attended to, before the step
-    accepted: tuple[int, ...]  # accepted draft nodes per request (bonus excluded)
-    draft_time: float
-    forward_time: float
-    verify_time: float  # verification + KV commit + bookkeeping
-    step_time: float
-
-
 class BudgetPolicy:
     """Chooses each step's budget; owns the cost model and the acceptance check.
 
@@ -138,6 +178,8 @@ class BudgetPolicy:
         self._backoff = 1
         self._last: StepPlan | None = None
         self._last_rids: list[int] = []
+        self._last_step_s = 0.0
+        self._slo_proposed = False
         self._finished: dict[int, tuple[float, int, SLOTarget | None]] = {}
 
     # -- requests -----------------------------------------------------------------------------------
@@ -179,10 +221,28 @@ class BudgetPolicy:
             return 0
         return cfg.budget
 
+    def propose_kwargs(self, view) -> dict:
+        """Extra ``propose`` arguments: with TPOT targets in the batch (and ``slo_via_drafter``), the
+        targets and the predicted step time, so that the drafter's SLO-aware selection ranks the nodes
+        of requests falling short of their targets first."""
+        targets, _ = self._targets(list(view.request_ids))
+        self._slo_proposed = False
+        if not (self.config.slo_via_drafter and np.isfinite(targets).any()):
+            return {}
+        self._slo_proposed = True
+        slo = [float(t) if np.isfinite(t) else None for t in targets]
+        step_s = self._last_step_s or self._predict(len(targets), int(sum(view.context_lens)), 0, False)
+        return {"slo": slo, "step_time": max(step_s, 1e-6), "slack": self.config.slo_slack_s}
+
     def select(self, view, batch):
         """Truncates the proposed ``batch`` to the chosen global budget (fixed: the configured one;
-        adaptive: the best expected goodput; SLO targets: see the module doc)."""
+        adaptive: the best expected goodput; SLO targets: see the module doc). A batch without
+        ``rank``/``gain`` (a drafter outside the contract's scheduling fields) is verified whole."""
         cfg = self.config
+        if not (hasattr(batch, "rank") and hasattr(batch, "gain")):
+            k = int(len(batch.tokens) - len(batch.offsets) + 1)
+            self._last = StepPlan(batch, k, 0.0, self._predict(len(view.request_ids), 0, k, True), True)
+            return batch
         rids = list(view.request_ids)
         b = len(rids)
         n_context = int(sum(view.context_lens))
@@ -205,19 +265,24 @@ class BudgetPolicy:
         )
         targets, prio = self._targets(rids)
         if np.isfinite(targets).any():
-            batch, choice = self._slo_choice(batch, choice, b, n_context, targets, prio)
+            rerank = not getattr(self, "_slo_proposed", False)
+            batch, choice = self._slo_choice(batch, choice, b, n_context, targets, prio, rerank)
         self._update_backoff(choice, b, n_context)
         k = choice.budget
         self._last = StepPlan(
             truncate_batch(batch, k), k, choice.expected_accepted, choice.predicted_s, True, choice
         )
+        self._last_step_s = choice.predicted_s
         return self._last.batch
 
     def step(self, drafter, view) -> StepPlan:
         """plan + ``drafter.propose`` + select, for callers that drive the drafter themselves."""
         k = self.plan(view)
         if k > 0 and drafter is not None:
-            self.select(view, drafter.propose(list(view.request_ids), budget=k))
+            kw = self.propose_kwargs(view)
+            if kw and "step_time" not in inspect.signature(drafter.propose).parameters:
+                kw, self._slo_proposed = {}, False  # a drafter without SLO selection: re-rank here
+            self.select(view, drafter.propose(list(view.request_ids), budget=k, **kw))
         return self._last
 
     def _predict(self, b: int, n_context: int, k: int, drafted: bool) -> float:
@@ -239,12 +304,15 @@ class BudgetPolicy:
         else:
             self._backoff = 1
 
-    def _slo_choice(self, batch, choice: BudgetChoice, b, n_context, targets, prio):
-        """Re-ranks SLO-first for the throughput choice's step time, then picks, among budgets within
-        the goodput tolerance of the best, the one meeting the most priority-weighted targets."""
+    def _slo_choice(self, batch, choice: BudgetChoice, b, n_context, targets, prio, rerank: bool):
+        """Re-ranks SLO-first for the throughput choice's step time (unless the drafter already did),
+        then picks, among budgets within the goodput tolerance of the best, the one meeting the most
+        priority-weighted targets."""
         cfg = self.config
         step_s = max(choice.predicted_s, 1e-9)
-        ranked = slo_first(batch, step_s, targets, slack_s=cfg.slo_slack_s, priority=prio)
+        ranked = (
+            slo_first(batch, step_s, targets, slack_s=cfg.slo_slack_s, priority=prio) if rerank else batch
+        )
         corr = self.correction
         c2 = choose_budget(ranked.gain, b, n_context, self.cost, correction=corr, draft_budget=cfg.budget)
         best_gp = float(choice.goodput.max())
@@ -263,7 +331,7 @@ class BudgetPolicy:
 
     # -- feedback -----------------------------------------------------------------------------------
     def observe(self, timing) -> None:
-        """Feeds one measured step back (the engine's ``StepTiming`` or a :class:`StepRecord`): the cost
+        """Feeds one measured step back (the engine's :class:`StepTiming`): the cost
         model, the acceptance check (Σ accepted vs the plan's expected Σf) and per-request TPOT."""
         plan = self._last
         drafted = plan is not None and plan.drafted
@@ -292,6 +360,10 @@ class BudgetPolicy:
             a.steps += 1
         if len(self._last_rids) == len(accepted):
             for rid, n in zip(self._last_rids, accepted, strict=True):
+                if rid in self._finished:  # removed during this step (the engine retires first)
+                    t, k, target = self._finished[rid]
+                    self._finished[rid] = (t + float(timing.step_time), k + int(n) + 1, target)
+                    continue
                 st = self._requests.setdefault(rid, _RequestStats())
                 st.time_s += float(timing.step_time)
                 st.tokens += int(n) + 1
