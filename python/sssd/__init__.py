@@ -28,13 +28,17 @@ from sssd.tree_buffers import TreeBuffers, tree_buffers
 
 __version__ = "0.1.0"
 
-# The engine needs torch and transformers: import it only when one of its names is used.
+# The engine needs torch and transformers: import it only when one of its names is used. The scheduling
+# names need only numpy but are imported on first use too.
 _LAZY = {
     "Engine": "sssd.engine",
     "EngineConfig": "sssd.engine",
     "SamplingParams": "sssd.sampling",
     "GenerationResult": "sssd.requests",
     "StreamEvent": "sssd.requests",
+    "BudgetConfig": "sssd.policy",
+    "BudgetPolicy": "sssd.policy",
+    "CostModel": "sssd.costmodel",
 }
 
 
@@ -48,6 +52,9 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "BudgetConfig",
+    "BudgetPolicy",
+    "CostModel",
     "Datastore",
     "DatastoreError",
     "DatastoreInfo",

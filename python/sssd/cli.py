@@ -14,6 +14,7 @@ import sys
 COMMANDS: list[tuple[str, str, str]] = [
     ("calibrate", "sssd.commands.calibrate", "fit a calibration table on pairs with the simulator"),
     ("info", "sssd.commands.info", "show a datastore's header and check it"),
+    ("profile", "sssd.commands.profile", "measure a model's step cost and save the cost profile (JSON)"),
     ("simulate", "sssd.commands.simulate", "replay (prompt, output) pairs through a drafter: MAL, timing"),
 ]
 

@@ -14,9 +14,12 @@ commit the accepted nodes' K/V, hand the new tokens to the drafter, retire finis
 
 The budget hook (for the adaptive scheduler): ``EngineConfig.policy`` is any object with
 ``plan(view: StepView) -> int | Sequence[int]`` (global budget or one per request, 0 = plain decoding)
-and ``observe(timing: StepTiming)`` called after every step; see ``sssd.policy``. Without a policy the
-engine uses ``FixedBudget(config.budget, config.per_request_budget)``. A request's own ``budget`` (given
-to ``add_request``) overrides the plan for that request.
+and ``observe(timing: StepTiming)`` called after every step; see ``sssd.policy``. Optional hooks:
+``propose_kwargs(view) -> dict`` (extra ``propose`` arguments, e.g. SLO targets) and ``select(view, batch)``
+(the part of the proposed batch to verify). Without a policy the engine uses the adaptive
+``BudgetPolicy`` (``budget_mode="adaptive"``: the goodput-optimal global budget in 0..``budget`` each step)
+or ``FixedBudget(config.budget, config.per_request_budget)``. A request's own ``budget`` (given to
+``add_request``) overrides the plan for that request.
 """
 
 from __future__ import annotations
@@ -44,7 +47,12 @@ class EngineConfig:
     max_batch_size: int = 8  # requests verified together; more wait in a queue
     prefill_chunk: int = 512  # prompt tokens per prefill forward
     initial_cache_rows: int = 256  # KV rows preallocated per request (grown on demand)
-    policy: Any = None  # a BudgetPolicy; None = FixedBudget(budget, per_request_budget)
+    policy: Any = None  # a budget policy; None = the default below
+    # Default policy: "adaptive" (BudgetPolicy: each step the goodput-optimal global budget in 0..budget,
+    # from a cost model refined online from the engine's own steps, seeded by `cost_profile` if given) or
+    # "fixed" (FixedBudget(budget, per_request_budget)). per_request_budget implies "fixed".
+    budget_mode: str = "adaptive"
+    cost_profile: str | None = None  # JSON written by `sssd profile`
 
     def __post_init__(self) -> None:
         for name in ("budget", "max_batch_size", "prefill_chunk", "initial_cache_rows"):
@@ -52,6 +60,10 @@ class EngineConfig:
             low = 0 if name == "budget" else 1
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
                 raise ValueError(f"EngineConfig.{name} must be an int >= {low}, got {v!r}")
+        if self.budget_mode not in ("adaptive", "fixed"):
+            raise ValueError(
+                f"EngineConfig.budget_mode must be 'adaptive' or 'fixed', got {self.budget_mode!r}"
+            )
         if self.policy is not None and not (hasattr(self.policy, "plan") and hasattr(self.policy, "observe")):
             raise TypeError("EngineConfig.policy must have plan(view) and observe(timing) methods")
 
@@ -98,15 +110,14 @@ class Engine:
                     raise ValueError(
                         f"datastore vocabulary {ds.vocab_size} is larger than the model's {self.vocab_size}"
                     )
-        self.policy = self.config.policy or FixedBudget(
-            int(self.config.budget), self.config.per_request_budget
-        )
+        self.policy = self.config.policy or _default_policy(self.config)
         self.default_eos = eos_defaults(model, tokenizer)
         self.stats = EngineStats()
         self._waiting: deque[Request] = deque()
         self._active: list[Request] = []  # index = cache slot
         self._finished: dict[int, GenerationResult] = {}
         self._next_id = 0
+        self._view: StepView | None = None
 
     # -- requests ------------------------------------------------------------------------------------
     def add_request(
@@ -166,6 +177,7 @@ class Engine:
             [r.remaining for r in reqs],
             [r.budget for r in reqs],
         )
+        self._view = view
         plan = self.policy.plan(view) if self.drafter is not None else 0
         if not isinstance(plan, (int, np.integer)):
             plan = [int(x) for x in plan]
@@ -189,7 +201,13 @@ class Engine:
         max_depth = [r.remaining - 1 for r in reqs]
         batch = None
         if self.drafter is not None and (plan if isinstance(plan, int) else sum(plan)) > 0:
-            batch = self.drafter.propose(rids, budget=plan)
+            # optional hooks of the budget policy: extra propose arguments (SLO targets and the predicted
+            # step time) and the choice of how much of the proposed batch to keep
+            kwargs = getattr(self.policy, "propose_kwargs", None)
+            batch = self.drafter.propose(rids, budget=plan, **(kwargs(self._view) if kwargs else {}))
+            select = getattr(self.policy, "select", None)
+            if select is not None and isinstance(plan, int):  # a global budget: the policy may cut it
+                batch = select(self._view, batch)
             trees = split_batch(batch, last, self.vocab_size, max_depth)
         else:
             trees = split_batch(_RootsOnly(last), last, self.vocab_size, max_depth)
@@ -250,6 +268,8 @@ class Engine:
             self._finished[req.rid] = res
             if self.drafter is not None:
                 self.drafter.remove_request(req.rid)
+            if hasattr(self.policy, "remove_request"):  # per-request state of the budget policy
+                self.policy.remove_request(req.rid)
             moved = self.adapter.cache.remove(slot)
             if moved is not None:
                 self._active[slot] = self._active[moved]
@@ -312,6 +332,16 @@ class Engine:
                     self._finished.pop(e.request_id, None)
                 if e.tokens or e.finished:
                     yield StreamEvent(e.request_id, e.tokens, delta, e.finished, e.finish_reason, e.result)
+
+
+def _default_policy(config: EngineConfig) -> Any:
+    if config.budget_mode == "fixed" or config.per_request_budget:
+        return FixedBudget(int(config.budget), config.per_request_budget)
+    from sssd.costmodel import CostModel
+    from sssd.policy import BudgetConfig, BudgetPolicy
+
+    cost = CostModel.load(config.cost_profile) if config.cost_profile else None
+    return BudgetPolicy(BudgetConfig(mode="adaptive", budget=int(config.budget)), cost)
 
 
 @dataclass(frozen=True)
