@@ -143,6 +143,27 @@ def test_dispatch_falls_back_to_the_reference_on_cpu():
     torch.testing.assert_close(got, tree_attention_reference(**t, trees=trees).to(torch.bfloat16))
 
 
+def test_hf_shaped_entry_agrees_with_the_engine_reference():
+    """Same semantics as sssd.attention (the engine's CPU oracle): packed [1, H, N, D] step, cache layer
+    [slots, Hkv, rows, D] as the engine stores it, GQA head mapping, ancestor masks."""
+    from sssd.attention import tree_attention_reference as engine_reference
+
+    sizes, ctxs, hq, hkv, d = [4, 1, 9], [6, 0, 3], 6, 2, 8
+    t, trees, parents = make_case(21, sizes, ctxs, hq=hq, hkv=hkv, d=d)
+    query = t["q"].transpose(0, 1).unsqueeze(0)  # [1, Hq, N, D]
+    key, value = (t[x].transpose(0, 1).unsqueeze(0) for x in ("k_tree", "v_tree"))
+    k_layer, v_layer = (t[x].transpose(1, 2).contiguous() for x in ("k_cache", "v_cache"))
+    got = cuda_ops.hf_tree_attention(query, key, value, k_layer, v_layer, trees, scale=0.3)
+    assert got.shape == (1, sum(sizes), hq, d)
+    for i, (a, b) in enumerate(zip(trees.offsets_host[:-1], trees.offsets_host[1:], strict=True)):
+        slot, c = int(trees.slots_host[i]), int(trees.ctx_lens_host[i])
+        want = engine_reference(
+            query[0, :, a:b], k_layer[slot, :, :c], v_layer[slot, :, :c], key[0, :, a:b], value[0, :, a:b],
+            parents[a:b], scaling=0.3,
+        )  # fmt: skip
+        torch.testing.assert_close(got[0, a:b], want.transpose(0, 1), rtol=1e-5, atol=1e-6)
+
+
 def test_ancestor_masks_by_hand():
     masks = ancestor_masks([-1, 0, 0, 1, -1, -1, *range(69)], [0, 4, 5, 75])
     assert masks[:5, 0].tolist() == [0b1, 0b11, 0b101, 0b1011, 0b1]

@@ -34,7 +34,8 @@ int device_count() {
 
 void tree_attention(uintptr_t q, std::array<int64_t, 2> q_strides, uintptr_t out, std::array<int64_t, 2> out_strides,
                     uintptr_t k_cache, uintptr_t v_cache, std::array<int64_t, 3> cache_strides, uintptr_t k_tree,
-                    uintptr_t v_tree, std::array<int64_t, 2> tree_strides, uintptr_t offsets, uintptr_t ctx_lens,
+                    uintptr_t v_tree, std::array<int64_t, 2> tree_strides, std::array<int64_t, 2> v_tree_strides,
+                    uintptr_t offsets, uintptr_t ctx_lens,
                     uintptr_t slots, uintptr_t masks, int batch, int64_t total_nodes, int q_heads, int kv_heads,
                     int head_dim, int max_nodes, int64_t max_ctx, float scale, int dtype, int splits, int64_t chunk,
                     uintptr_t partial_out, uintptr_t partial_lse, uintptr_t stream) {
@@ -64,6 +65,8 @@ void tree_attention(uintptr_t q, std::array<int64_t, 2> q_strides, uintptr_t out
   a.v_tree = cptr<void>(v_tree);
   a.tree_stride_token = tree_strides[0];
   a.tree_stride_head = tree_strides[1];
+  a.v_tree_stride_token = v_tree_strides[0];
+  a.v_tree_stride_head = v_tree_strides[1];
   a.offsets = cptr<int64_t>(offsets);
   a.ctx_lens = cptr<int32_t>(ctx_lens);
   a.slots = cptr<int32_t>(slots);
@@ -147,7 +150,7 @@ PYBIND11_MODULE(_cuda, m) {
   m.attr("max_tree_nodes") = sssd_cuda::kMaxTreeNodes;
   m.def("tree_attention", &tree_attention, py::arg("q"), py::arg("q_strides"), py::arg("out"), py::arg("out_strides"),
         py::arg("k_cache"), py::arg("v_cache"), py::arg("cache_strides"), py::arg("k_tree"), py::arg("v_tree"),
-        py::arg("tree_strides"), py::arg("offsets"), py::arg("ctx_lens"), py::arg("slots"), py::arg("masks"),
+        py::arg("tree_strides"), py::arg("v_tree_strides"), py::arg("offsets"), py::arg("ctx_lens"), py::arg("slots"), py::arg("masks"),
         py::arg("batch"), py::arg("total_nodes"), py::arg("q_heads"), py::arg("kv_heads"), py::arg("head_dim"),
         py::arg("max_nodes"), py::arg("max_ctx"), py::arg("scale"), py::arg("dtype"), py::arg("splits"),
         py::arg("chunk"), py::arg("partial_out"), py::arg("partial_lse"), py::arg("stream"),

@@ -88,6 +88,8 @@ py::array_t<float> emulate(py::handle q_h, py::handle kc_h, py::handle vc_h, py:
   a.v_tree = vt.data();
   a.tree_stride_token = Hkv * D;
   a.tree_stride_head = D;
+  a.v_tree_stride_token = Hkv * D;
+  a.v_tree_stride_head = D;
   a.offsets = o;
   a.ctx_lens = ctx.data();
   a.slots = slot.data();

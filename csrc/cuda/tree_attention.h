@@ -4,7 +4,7 @@
 //
 // Packed batch layout (B requests, N = total tree nodes, Hq query heads, Hkv KV heads, D head dim):
 //   q, out           [N, Hq, D]      tree i's queries are rows offsets[i] .. offsets[i+1]-1
-//   k_tree, v_tree   [N, Hkv, D]     this step's K/V of the tree nodes (the scratch area)
+//   k_tree, v_tree   [N, Hkv, D]     this step's K/V of the tree nodes (own strides each)
 //   k_cache, v_cache [slots, rows, Hkv, D]   request i's committed context = rows [0, ctx_lens[i]) of
 //                                            slot slots[i]; attended without a mask
 //   masks            [N, 2] uint64   bit j of masks[offsets[i] + a] set <=> node a attends node j of tree i
@@ -42,7 +42,8 @@ struct TreeAttentionArgs {
 
   const void* k_tree = nullptr;
   const void* v_tree = nullptr;
-  int64_t tree_stride_token = 0, tree_stride_head = 0;
+  int64_t tree_stride_token = 0, tree_stride_head = 0;      // of k_tree
+  int64_t v_tree_stride_token = 0, v_tree_stride_head = 0;  // of v_tree (rotary may change K's layout)
 
   const int64_t* offsets = nullptr;  // [B+1], offsets[0] = 0, offsets[B] = N, non-decreasing
   const int32_t* ctx_lens = nullptr;  // [B]

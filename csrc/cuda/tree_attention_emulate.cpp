@@ -68,7 +68,7 @@ void emulate_block(const TreeAttentionArgs& a, const Block& blk, int rows_per_bl
         if (!valid) continue;
         if (is_tree) {
           krow[c] = kt + (tok0 + key) * a.tree_stride_token + blk.kv_head * a.tree_stride_head;
-          vrow[c] = vt + (tok0 + key) * a.tree_stride_token + blk.kv_head * a.tree_stride_head;
+          vrow[c] = vt + (tok0 + key) * a.v_tree_stride_token + blk.kv_head * a.v_tree_stride_head;
         } else {
           const int64_t off = slot * a.cache_stride_slot + key * a.cache_stride_row + blk.kv_head * a.cache_stride_head;
           krow[c] = kc + off;

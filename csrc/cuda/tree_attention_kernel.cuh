@@ -64,19 +64,19 @@ __device__ __forceinline__ void load_kv_tile(const TreeAttentionArgs& a, T* dst,
   const bool is_tree = t >= ctx_tiles;
   const T* kbase;
   const T* vbase;
-  int64_t row_stride, key0, key_end;
+  int64_t k_row_stride, v_row_stride, key0, key_end;
   if (is_tree) {
-    const int64_t off = tok0 * a.tree_stride_token + kvh * a.tree_stride_head;
-    kbase = static_cast<const T*>(a.k_tree) + off;
-    vbase = static_cast<const T*>(a.v_tree) + off;
-    row_stride = a.tree_stride_token;
+    kbase = static_cast<const T*>(a.k_tree) + tok0 * a.tree_stride_token + kvh * a.tree_stride_head;
+    vbase = static_cast<const T*>(a.v_tree) + tok0 * a.v_tree_stride_token + kvh * a.v_tree_stride_head;
+    k_row_stride = a.tree_stride_token;
+    v_row_stride = a.v_tree_stride_token;
     key0 = (t - ctx_tiles) * kKeyTile;
     key_end = n;
   } else {
     const int64_t off = slot * a.cache_stride_slot + kvh * a.cache_stride_head;
     kbase = static_cast<const T*>(a.k_cache) + off;
     vbase = static_cast<const T*>(a.v_cache) + off;
-    row_stride = a.cache_stride_row;
+    k_row_stride = v_row_stride = a.cache_stride_row;
     key0 = range.begin + t * kKeyTile;
     key_end = range.end;
   }
@@ -84,9 +84,9 @@ __device__ __forceinline__ void load_kv_tile(const TreeAttentionArgs& a, T* dst,
     const int c = v / kVecs, part = (v % kVecs) * 8;
     const int64_t key = key0 + c;
     const bool valid = key < key_end;
-    const int64_t src = (valid ? key : key0) * row_stride + part;
-    cp_async16(dst + c * L::kKvLd + part, kbase + src, valid);
-    cp_async16(dst + L::kTileElems + c * L::kKvLd + part, vbase + src, valid);
+    const int64_t row = valid ? key : key0;  // an in-bounds address even when nothing is read
+    cp_async16(dst + c * L::kKvLd + part, kbase + row * k_row_stride + part, valid);
+    cp_async16(dst + L::kTileElems + c * L::kKvLd + part, vbase + row * v_row_stride + part, valid);
   }
 }
 

@@ -51,7 +51,9 @@ void validate_tree_attention(const TreeAttentionArgs& a, bool kernel) {
           "q rows must be 16-byte aligned (strides multiple of 8)");
   require(rows_aligned(a.out, {a.out_stride_token, a.out_stride_head}), op,
           "out rows must be 16-byte aligned (strides multiple of 8)");
-  require(rows_aligned(a.k_tree, {a.tree_stride_token, a.tree_stride_head}) && aligned16(a.v_tree), op,
+  require(rows_aligned(a.k_tree, {a.tree_stride_token, a.tree_stride_head}) &&
+              rows_aligned(a.v_tree, {a.v_tree_stride_token, a.v_tree_stride_head}),
+          op,
           "k_tree/v_tree rows must be 16-byte aligned (strides multiple of 8)");
   if (a.max_ctx > 0) {
     require(rows_aligned(a.k_cache, {a.cache_stride_slot, a.cache_stride_row, a.cache_stride_head}) &&

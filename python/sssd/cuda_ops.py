@@ -150,8 +150,8 @@ def _check_cache_shapes(k_tree, v_tree, k_cache, v_cache) -> tuple[int, int, int
         raise ValueError(
             f"caches must be [S, R, {hkv}, {d}], got {tuple(k_cache.shape)}, {tuple(v_cache.shape)}"
         )
-    if v_tree.stride() != k_tree.stride() or v_cache.stride() != k_cache.stride():
-        raise ValueError("V tensors must have the same strides as their K tensors")
+    if v_cache.stride() != k_cache.stride():
+        raise ValueError("v_cache must have the same strides as k_cache")
     return n, hkv, d, k_cache.shape[1]
 
 
@@ -220,6 +220,7 @@ def tree_attention(
             q=q.data_ptr(), q_strides=q.stride()[:2], out=out.data_ptr(), out_strides=out.stride()[:2],
             k_cache=k_cache.data_ptr(), v_cache=v_cache.data_ptr(), cache_strides=k_cache.stride()[:3],
             k_tree=k_tree.data_ptr(), v_tree=v_tree.data_ptr(), tree_strides=k_tree.stride()[:2],
+            v_tree_strides=v_tree.stride()[:2],
             offsets=trees.offsets.data_ptr(), ctx_lens=trees.ctx_lens.data_ptr(),
             slots=trees.slots.data_ptr(),
             masks=trees.masks.data_ptr(), batch=trees.batch, total_nodes=n, q_heads=hq, kv_heads=hkv,
@@ -253,6 +254,20 @@ def dispatch_tree_attention(q, k_tree, v_tree, k_cache, v_cache, trees: PackedTr
         return tree_attention(q, k_tree, v_tree, k_cache, v_cache, trees, scale=scale)
     ref = tree_attention_reference(q, k_tree, v_tree, k_cache, v_cache, trees, scale=scale)
     return ref.to(q.dtype)
+
+
+def hf_tree_attention(query, key, value, k_cache, v_cache, trees: PackedTrees, *, scale=None):
+    """Tree attention in the shapes of a ``transformers`` attention function over the engine's cache layer.
+
+    query ``[1, Hq, N, D]`` and key/value ``[1, Hkv, N, D]`` are the packed step (tree 0's nodes first);
+    k_cache/v_cache ``[slots, Hkv, rows, D]`` hold the committed rows (``trees.ctx_lens``) of slots
+    ``trees.slots``. Returns ``[1, N, Hq, D]`` (what the attention function returns). The kernel runs
+    when :func:`kernel_supports` allows it, else the float64 reference; every view is zero-copy.
+    """
+    q = query[0].transpose(0, 1)
+    k_tree, v_tree = key[0].transpose(0, 1), value[0].transpose(0, 1)
+    kc, vc = k_cache.transpose(1, 2), v_cache.transpose(1, 2)  # [slots, rows, Hkv, D] views
+    return dispatch_tree_attention(q, k_tree, v_tree, kc, vc, trees, scale=scale).unsqueeze(0)
 
 
 @dataclass(frozen=True)
@@ -387,6 +402,7 @@ __all__ = [
     "cuda_available",
     "dispatch_tree_attention",
     "has_cuda",
+    "hf_tree_attention",
     "kernel_supports",
     "kv_append",
     "kv_commit",

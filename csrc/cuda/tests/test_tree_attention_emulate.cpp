@@ -67,7 +67,7 @@ static Batch make_batch(const Case& c, std::mt19937& rng) {
   };
   fill(b.q, b.n * (c.hq * c.d + b.pad));
   fill(b.kt, b.n * (c.hkv * c.d + b.pad));
-  fill(b.vt, b.n * (c.hkv * c.d + b.pad));
+  fill(b.vt, c.hkv * (b.n * c.d + b.pad));
   fill(b.kc, b.slots * b.rows * c.hkv * c.d);
   fill(b.vc, b.slots * b.rows * c.hkv * c.d);
   b.out.assign(b.n * c.hq * c.d, std::nanf(""));  // poisoned: every element must be written
@@ -100,6 +100,8 @@ static TreeAttentionArgs make_args(const Case& c, Batch& b) {
   a.v_tree = b.vt.data();
   a.tree_stride_token = c.hkv * c.d + b.pad;
   a.tree_stride_head = c.d;
+  a.v_tree_stride_token = c.d;  // V stored head-major ([Hkv, N, D] + padding): a layout unlike K's
+  a.v_tree_stride_head = b.n * c.d + b.pad;
   a.offsets = b.offsets.data();
   a.ctx_lens = b.ctx.data();
   a.slots = b.slot.data();
@@ -125,7 +127,7 @@ static double max_error(const Case& c, const Batch& b, const TreeAttentionArgs& 
         for (int j = 0; j < b.offsets[i + 1] - b.offsets[i]; ++j) {
           if (!((b.masks[t * kMaskWords + j / 64] >> (j % 64)) & 1)) continue;
           ks.push_back(&b.kt[(b.offsets[i] + j) * a.tree_stride_token + kvh * c.d]);
-          vs.push_back(&b.vt[(b.offsets[i] + j) * a.tree_stride_token + kvh * c.d]);
+          vs.push_back(&b.vt[(b.offsets[i] + j) * a.v_tree_stride_token + kvh * a.v_tree_stride_head]);
         }
         std::vector<double> s(ks.size());
         double mx = -INFINITY;
