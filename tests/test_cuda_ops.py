@@ -328,3 +328,16 @@ def test_dispatch_uses_the_kernel_on_cuda():
     t32 = {k: v.float() for k, v in t.items()}  # float32: not a kernel dtype -> the reference on the GPU
     assert not cuda_ops.kernel_supports(t32["q"], t32["k_tree"])
     assert cuda_ops.dispatch_tree_attention(**t32, trees=trees).dtype == torch.float32
+
+
+@gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_hf_entry_runs_the_kernel_with_mixed_layouts(dtype):
+    t, trees, _ = make_case(23, [1, 37, 5], [1000, 0, 65], hq=32, hkv=8, d=128, dtype=dtype, device="cuda")
+    query = t["q"].transpose(0, 1).unsqueeze(0).contiguous()  # [1, Hq, N, D], head-major like HF's output
+    key = t["k_tree"].transpose(0, 1).unsqueeze(0).contiguous()  # K head-major, V a token-major view
+    value = t["v_tree"].transpose(0, 1).unsqueeze(0)
+    k_layer, v_layer = (t[x].transpose(1, 2).contiguous() for x in ("k_cache", "v_cache"))
+    assert cuda_ops.kernel_supports(query[0].transpose(0, 1), key[0].transpose(0, 1))
+    got = cuda_ops.hf_tree_attention(query, key, value, k_layer, v_layer, trees)
+    check_close(got[0], tree_attention_reference(**t, trees=trees), dtype)
