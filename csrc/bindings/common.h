@@ -49,5 +49,6 @@ inline sssd::ProgressFn progress_fn(py::object cb) {
 }
 
 void bind_datastore(py::module_& m);
+void bind_drafter(py::module_& m);
 
 }  // namespace sssd_py

@@ -5,6 +5,10 @@
 
 namespace py = pybind11;
 
+namespace sssd_py {
+void bind_tree_attention_emulation(py::module_& m);  // tree_attention_emulate_bindings.cpp
+}
+
 PYBIND11_MODULE(_core, m) {
   m.doc() = "sssd native core (C++17): datastore, suffix arrays, search";
   m.def("has_openmp", &sssd::have_openmp, "True when the core was built with OpenMP.");
@@ -25,4 +29,6 @@ PYBIND11_MODULE(_core, m) {
     }
   });
   sssd_py::bind_datastore(m);
+  sssd_py::bind_drafter(m);
+  sssd_py::bind_tree_attention_emulation(m);
 }

@@ -3,6 +3,7 @@
 // count is the number of continuations inserted. A node's count is the number of inserted continuations
 // that pass through it; match_len is the length of the context suffix whose match produced it.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -41,6 +42,28 @@ class CandidateTrie {
     }
     counts[c] += weight;
     return c;
+  }
+
+  // Appends a child of `node` that the caller knows does not exist yet (no sibling scan).
+  int32_t add_new_child(int32_t node, int32_t token, int32_t weight, int32_t match_length) {
+    const int32_t c = size();
+    tokens.push_back(token);
+    parents.push_back(node);
+    counts.push_back(weight);
+    depth.push_back(depth[node] + 1);
+    match_len.push_back(match_length);
+    first_child_.push_back(-1);
+    next_sibling_.push_back(first_child_[node]);
+    first_child_[node] = c;
+    return c;
+  }
+
+  // Room for `extra` more nodes without reallocating.
+  void reserve_more(int32_t extra) {
+    const size_t n = tokens.size() + static_cast<size_t>(extra);
+    if (n <= tokens.capacity()) return;
+    const size_t cap = std::max(n, 2 * tokens.capacity());
+    for (auto* v : {&tokens, &parents, &counts, &depth, &match_len, &first_child_, &next_sibling_}) v->reserve(cap);
   }
 
   std::vector<int32_t> tokens, parents, counts, depth, match_len;  // [size()] each

@@ -1,9 +1,12 @@
 #include "core/search.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
 #include "core/parallel.h"
+#include "core/sa_range.h"
+#include "core/trie_insert.h"
 
 namespace sssd {
 
@@ -17,86 +20,143 @@ void validate_search_params(const SearchParams& p) {
 
 namespace {
 
-struct Range {
-  uint64_t lo = 0, hi = 0;  // suffix-array indices [lo, hi)
-  uint64_t count() const { return hi - lo; }
+using search_detail::Range;
+
+// Suffix lengths whose ranges are searched together in one lockstep round.
+constexpr int32_t kLengthsPerRound = 16;
+
+// Per-thread buffers, reused across contexts so that a search allocates nothing in the steady state.
+struct Scratch {
+  std::vector<uint32_t> query;                    // [max_len] context suffix as stream symbols
+  std::vector<uint8_t> known;                     // [max_len + 1] range of this length computed
+  std::vector<uint64_t> totals;                   // [max_len + 1] occurrences over all shards
+  std::vector<Range> ranges;                      // [(max_len + 1) * shards]
+  std::vector<Range> round_ranges;                // [lengths in a round]
+  std::vector<int32_t> lengths;                   // lengths of the current round
+  std::vector<search_detail::Cursor> cursors;
+  std::vector<uint64_t> run;                      // suffix-array indices of one sampled run
+  search_detail::RunScratch insert;
 };
 
-// Typed access to one shard. Every suffix-array entry is bounds-checked when read (the file is not
-// trusted beyond its header); stream scans need no check because the stream ends with a separator 0
-// that no query symbol (token + 1 >= 1) equals.
-template <class Sym, class Idx>
-struct Shard {
-  const Sym* stream;
-  const Idx* sa;
-  uint64_t num_suffixes;
-  uint64_t stream_length;
+Scratch& scratch() {
+  static thread_local Scratch s;
+  return s;
+}
 
-  explicit Shard(const DatastoreView& v)
-      : stream(static_cast<const Sym*>(v.stream)),
-        sa(static_cast<const Idx*>(v.sa)),
-        num_suffixes(v.header->num_tokens),
-        stream_length(v.header->stream_length) {}
-
-  uint64_t position(uint64_t i) const {
-    const auto p = static_cast<uint64_t>(sa[i]);
-    if (p >= stream_length) throw DatastoreError("corrupt datastore: suffix array entry out of range");
-    return p;
-  }
-
-  // <0: suffix < query; 0: query is a prefix of the suffix; >0: suffix > query.
-  int compare(uint64_t p, const uint32_t* q, int32_t len) const {
-    for (int32_t j = 0; j < len; ++j) {
-      const uint32_t s = stream[p + static_cast<uint64_t>(j)];
-      if (s != q[j]) return s < q[j] ? -1 : 1;
-    }
-    return 0;
-  }
-
-  Range find(const uint32_t* q, int32_t len) const {
-    uint64_t lo = 0, hi = num_suffixes;  // first index with compare >= 0
-    while (lo < hi) {
-      const uint64_t mid = lo + (hi - lo) / 2;
-      if (compare(position(mid), q, len) < 0) lo = mid + 1; else hi = mid;
-    }
-    uint64_t lo2 = lo, hi2 = num_suffixes;  // first index with compare > 0
-    while (lo2 < hi2) {
-      const uint64_t mid = lo2 + (hi2 - lo2) / 2;
-      if (compare(position(mid), q, len) <= 0) lo2 = mid + 1; else hi2 = mid;
-    }
-    return {lo, lo2};
-  }
-
-  uint32_t symbol(uint64_t pos) const { return stream[pos]; }
-};
-
-// Type-erased shard so one search can span shards of different widths.
-class AnyShard {
-  static int kind_of(const DatastoreView& v) {
-    return (v.header->token_width == 2 ? 0 : 2) + (v.header->sa_width == 4 ? 0 : 1);
-  }
-  template <class F>
-  auto dispatch(F&& f) const {
-    switch (kind_) {
-      case 0: return f(Shard<uint16_t, int32_t>(v_));
-      case 1: return f(Shard<uint16_t, int64_t>(v_));
-      case 2: return f(Shard<uint32_t, int32_t>(v_));
-      default: return f(Shard<uint32_t, int64_t>(v_));
-    }
-  }
+class ContextSearch {
  public:
-  explicit AnyShard(const DatastoreView& v) : kind_(kind_of(v)), v_(v) {}
-  Range find(const uint32_t* q, int32_t len) const {
-    return dispatch([&](const auto& s) { return s.find(q, len); });
+  ContextSearch(const std::vector<DatastoreView>& views, const SearchParams& p, uint64_t vocab, int32_t max_len,
+                Scratch& sc)
+      : views_(views), p_(p), vocab_(vocab), max_len_(max_len), sc_(sc) {
+    const size_t n = static_cast<size_t>(max_len) + 1;
+    sc.known.assign(n, 0);
+    sc.totals.assign(n, 0);
+    sc.ranges.resize(n * views.size());
+    sc.insert.index.clear();
   }
-  uint64_t position(uint64_t i) const { return dispatch([&](const auto& s) { return s.position(i); }); }
-  uint32_t symbol(uint64_t pos) const { return dispatch([&](const auto& s) { return s.symbol(pos); }); }
-  uint64_t stream_length() const { return v_.header->stream_length; }
-  uint64_t vocab_size() const { return v_.header->vocab_size; }
+
+  uint64_t total(int32_t len) const { return sc_.totals[static_cast<size_t>(len)]; }
+  bool known(int32_t len) const { return sc_.known[static_cast<size_t>(len)] != 0; }
+
+  // Searches the ranges of sc_.lengths in every shard.
+  void compute_round() {
+    const auto n = static_cast<int32_t>(sc_.lengths.size());
+    sc_.round_ranges.resize(sc_.lengths.size());
+    const uint32_t* query_end = sc_.query.data() + max_len_;
+    for (size_t s = 0; s < views_.size(); ++s) {
+      search_detail::with_typed_shard(views_[s], [&](const auto& sh) {
+        search_detail::find_ranges(sh, query_end, sc_.lengths.data(), n, sc_.round_ranges.data(), sc_.cursors);
+      });
+      for (int32_t j = 0; j < n; ++j) {
+        const auto len = static_cast<size_t>(sc_.lengths[static_cast<size_t>(j)]);
+        sc_.ranges[len * views_.size() + s] = sc_.round_ranges[static_cast<size_t>(j)];
+        sc_.totals[len] += sc_.round_ranges[static_cast<size_t>(j)].count();
+      }
+    }
+    for (int32_t len : sc_.lengths) sc_.known[static_cast<size_t>(len)] = 1;
+  }
+
+  // The longest suffix length with an occurrence (0 when even min_query_len has none). Occurrence is
+  // monotone in the length, so this is a search over lengths; each round probes up to
+  // kLengthsPerRound lengths spread over the open interval (all of them when it is short enough).
+  int32_t longest_match() {
+    int32_t lo = p_.min_query_len, hi = max_len_;  // answer in [lo, hi] once total(lo) > 0
+    sc_.lengths.assign(1, lo);
+    pick_lengths(lo, hi, kLengthsPerRound - 1);
+    for (;;) {
+      compute_round();
+      if (total(p_.min_query_len) == 0) return 0;
+      for (int32_t len = lo + 1; len <= hi; ++len) {
+        if (!known(len)) continue;
+        if (total(len) > 0) {
+          lo = len;
+        } else {
+          hi = len - 1;
+          break;
+        }
+      }
+      if (lo == hi) return lo;
+      sc_.lengths.clear();
+      pick_lengths(lo, hi, kLengthsPerRound);
+    }
+  }
+
+  // Samples the occurrences of suffix length len and inserts their continuations. Returns the number
+  // of occurrences.
+  uint64_t sample(int32_t len, CandidateTrie& out) {
+    if (!known(len)) {  // search a round of shorter lengths as well: they may be needed next
+      sc_.lengths.clear();
+      for (int32_t l = len; l >= p_.min_query_len && l > len - kLengthsPerRound; --l) {
+        if (!known(l)) sc_.lengths.push_back(l);
+      }
+      compute_round();
+    }
+    const uint64_t n = total(len);
+    const uint64_t k = std::min<uint64_t>(n, static_cast<uint64_t>(p_.max_samples));
+    const Range* r = &sc_.ranges[static_cast<size_t>(len) * views_.size()];
+    size_t s = 0;
+    uint64_t base = 0;  // global index of shard s's first occurrence
+    sc_.run.clear();
+    for (uint64_t i = 0; i < k; ++i) {
+      // The i-th of k indices spread evenly over the concatenated ranges.
+      const uint64_t g = (n == k) ? i : static_cast<uint64_t>((static_cast<unsigned __int128>(i) * n) / k);
+      while (g >= base + r[s].count()) {
+        flush_run(s, len, out);
+        base += r[s++].count();
+      }
+      sc_.run.push_back(r[s].lo + (g - base));
+    }
+    flush_run(s, len, out);
+    return n;
+  }
 
  private:
-  int kind_;
-  DatastoreView v_;
+  void pick_lengths(int32_t lo, int32_t hi, int32_t max_count) {
+    const int32_t width = hi - lo;  // candidates lo + 1 .. hi
+    if (width <= 0) return;
+    if (width <= max_count) {
+      for (int32_t len = lo + 1; len <= hi; ++len) sc_.lengths.push_back(len);
+      return;
+    }
+    for (int32_t j = 1; j <= max_count; ++j) {
+      const int32_t len = lo + static_cast<int32_t>((static_cast<int64_t>(width) * j + max_count - 1) / max_count);
+      if (sc_.lengths.empty() || sc_.lengths.back() != len) sc_.lengths.push_back(len);
+    }
+  }
+
+  void flush_run(size_t s, int32_t len, CandidateTrie& out) {
+    if (sc_.run.empty()) return;
+    search_detail::with_typed_shard(views_[s], [&](const auto& sh) {
+      search_detail::insert_run(sh, sc_.run.data(), sc_.run.size(), len, p_.max_depth, vocab_, out, sc_.insert);
+    });
+    sc_.run.clear();
+  }
+
+  const std::vector<DatastoreView>& views_;
+  const SearchParams& p_;
+  uint64_t vocab_;
+  int32_t max_len_;
+  Scratch& sc_;
 };
 
 }  // namespace
@@ -105,62 +165,25 @@ void search_context(const std::vector<DatastoreView>& views, TokenSpan context, 
                     CandidateTrie& out) {
   out.reset(context.size > 0 ? context.data[context.size - 1] : -1);
   if (views.empty()) return;
-  std::vector<AnyShard> shards;
-  shards.reserve(views.size());
-  for (const auto& v : views) shards.emplace_back(v);
-  const uint64_t vocab = shards[0].vocab_size();
+  const uint64_t vocab = views[0].header->vocab_size;
+  Scratch& sc = scratch();
 
   const int32_t max_len = static_cast<int32_t>(std::min<int64_t>(p.max_query_len, context.size));
-  std::vector<uint32_t> query(static_cast<size_t>(std::max(max_len, 0)));
+  sc.query.resize(static_cast<size_t>(std::max(max_len, 0)));
   for (int32_t j = 0; j < max_len; ++j) {
     const int32_t t = context.data[context.size - max_len + j];
     if (t < 0 || static_cast<uint64_t>(t) >= vocab) {
       throw std::invalid_argument("context token id " + std::to_string(t) +
                                   " is outside the datastore vocabulary [0, " + std::to_string(vocab) + ")");
     }
-    query[static_cast<size_t>(j)] = static_cast<uint32_t>(t) + 1;
+    sc.query[static_cast<size_t>(j)] = static_cast<uint32_t>(t) + 1;
   }
   if (max_len < p.min_query_len || p.max_samples == 0) return;
 
-  // ranges[L] over all shards, computed on demand. The suffix c[-L:] is query[max_len - L:].
-  std::vector<std::vector<Range>> ranges(static_cast<size_t>(max_len) + 1);
-  auto total = [&](int32_t len) {
-    auto& r = ranges[static_cast<size_t>(len)];
-    if (r.empty()) {
-      for (const auto& s : shards) r.push_back(s.find(query.data() + (max_len - len), len));
-    }
-    uint64_t n = 0;
-    for (const auto& x : r) n += x.count();
-    return n;
-  };
-  if (total(p.min_query_len) == 0) return;
-  int32_t lo = p.min_query_len, hi = max_len;  // occurrence is monotone in L: binary search for L*
-  while (lo < hi) {
-    const int32_t mid = lo + (hi - lo + 1) / 2;
-    if (total(mid) > 0) lo = mid; else hi = mid - 1;
-  }
-
-  for (int32_t len = lo; len >= p.min_query_len; --len) {
-    const uint64_t n = total(len);
-    const uint64_t k = std::min<uint64_t>(n, static_cast<uint64_t>(p.max_samples));
-    for (uint64_t i = 0; i < k; ++i) {
-      // The i-th of k indices spread evenly over the concatenated ranges.
-      uint64_t g = (n == k) ? i : static_cast<uint64_t>((static_cast<unsigned __int128>(i) * n) / k);
-      size_t s = 0;
-      const auto& r = ranges[static_cast<size_t>(len)];
-      while (g >= r[s].count()) g -= r[s++].count();
-      const AnyShard& shard = shards[s];
-      const uint64_t start = shard.position(r[s].lo + g) + static_cast<uint64_t>(len);
-      if (start >= shard.stream_length()) throw DatastoreError("corrupt datastore: unsorted suffix array");
-      out.counts[0] += 1;
-      int32_t node = 0;
-      for (int32_t d = 0; d < p.max_depth; ++d) {
-        const uint32_t sym = shard.symbol(start + static_cast<uint64_t>(d));
-        if (sym == 0) break;  // document end
-        if (sym > vocab) throw DatastoreError("corrupt datastore: token id outside the vocabulary");
-        node = out.add_child(node, static_cast<int32_t>(sym - 1), 1, len);
-      }
-    }
+  ContextSearch search(views, p, vocab, max_len, sc);
+  const int32_t longest = search.longest_match();
+  for (int32_t len = longest; len >= p.min_query_len && longest > 0; --len) {
+    const uint64_t n = search.sample(len, out);
     if (static_cast<int64_t>(n) >= p.min_occurrences) break;
   }
 }

@@ -1,0 +1,183 @@
+"""Datastore benchmark: build throughput and peak memory, file size, open time, search latency.
+
+    PYTHONPATH=python:. python3 bench/bench_datastore.py                      # zipf1e6 zipf1e7 cpython
+    PYTHONPATH=python:. python3 bench/bench_datastore.py --corpora zipf1e8 --batches 64
+
+Every measurement that needs a clean process runs in a child: the build (peak extra memory = peak RSS
+during the build minus RSS with the input tokens loaded, per token) and the search at each thread
+count (OMP_NUM_THREADS). Search latency per context = time of one batched call / batch size; the table
+shows the median over calls, as wall time and as CPU time of the whole process (all threads), because
+the machine may be shared. Prints a markdown table and writes JSON to bench/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import corpora  # noqa: E402
+
+SEARCH = {"max_samples": 100, "max_depth": 8}  # other SearchConfig fields at their defaults
+
+
+def _child(args: list[str], threads: int | None = None) -> dict:
+    env = dict(os.environ)
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+    env.setdefault("PYTHONPATH", f"{HERE.parent / 'python'}:{HERE.parent}")
+    cmd = [sys.executable, __file__, *args]
+    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _status_bytes(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def _reset_peak_rss() -> int:
+    """Resets the peak RSS (VmHWM) to the current RSS and returns it. ru_maxrss cannot be used: Linux
+    carries it over from the parent across fork + exec."""
+    Path("/proc/self/clear_refs").write_text("5")
+    return _status_bytes("VmRSS")
+
+
+def child_build(name: str, path: str) -> dict:
+    from sssd import build_datastore
+
+    tokens, offsets = corpora.load(name)
+    before = _reset_peak_rss()
+    w0, c0 = time.perf_counter(), time.process_time()
+    info = build_datastore((tokens, offsets), path, vocab_size=corpora.VOCAB)
+    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    peak = _status_bytes("VmHWM")
+    n = len(tokens)
+    return {
+        "tokens": n,
+        "documents": len(offsets) - 1,
+        "build_wall_s": wall,
+        "build_cpu_s": cpu,
+        "build_tokens_per_s": n / wall,
+        "peak_extra_bytes_per_token": (peak - before) / n,
+        "file_bytes_per_token": info.file_bytes / n,
+    }
+
+
+def child_search(name: str, path: str, batches: list[int], num_contexts: int, repeats: int) -> dict:
+    from sssd import Datastore, SearchConfig, max_threads
+
+    ds = Datastore.open(path)
+    tokens, offsets = corpora.load(name)
+    ctxs = corpora.sample_contexts(tokens, offsets, num_contexts)
+    del tokens, offsets
+    cfg = SearchConfig(**SEARCH)
+    ds.search(ctxs, cfg)  # warm the page cache and the allocator
+    out = {"threads": max_threads(), "contexts": len(ctxs)}
+    for b in batches:
+        walls, cpus, nodes = [], [], 0
+        for _ in range(repeats):
+            for i in range(0, len(ctxs) - b + 1, b):
+                batch = ctxs[i : i + b]
+                w0, c0 = time.perf_counter(), time.process_time()
+                r = ds.search(batch, cfg)
+                walls.append((time.perf_counter() - w0) / b)
+                cpus.append((time.process_time() - c0) / b)
+                nodes += len(r.tokens)
+        out[f"b{b}"] = {
+            "wall_us_median": float(np.median(walls) * 1e6),
+            "cpu_us_median": float(np.median(cpus) * 1e6),
+            "calls": len(walls),
+            "mean_trie_nodes": nodes / (len(walls) * b),
+        }
+    return out
+
+
+def open_time(path: str, n: int = 50) -> float:
+    from sssd import Datastore
+
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        Datastore.open(path)
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times) * 1e3)
+
+
+def run(args: argparse.Namespace) -> dict:
+    results = {
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg": os.getloadavg()},
+        "search_config": SEARCH,
+        "corpora": {},
+    }
+    for name in args.corpora:
+        corpora.load(name)  # generate / tokenize once (cached), outside any measurement
+        path = str(corpora.CACHE / f"{name}.sssd")
+        r = _child(["_build", name, path])
+        r["open_ms_median"] = open_time(path)
+        r["search"] = {}
+        for t in args.threads:
+            batches = ",".join(map(str, args.batches))
+            r["search"][t] = _child(
+                ["_search", name, path, batches, str(args.contexts), str(args.repeats)], t
+            )
+        results["corpora"][name] = r
+        print(f"# {name}: done", file=sys.stderr)
+    return results
+
+
+def table(results: dict, batches: list[int]) -> str:
+    head = "| corpus | tokens | build s (cpu s) | Mtok/s | peak B/tok | file B/tok | open ms | threads |"
+    head += "".join(f" b={b} µs wall (cpu) |" for b in batches)
+    lines = [head, "|" + "---|" * (8 + len(batches))]
+    for name, r in results["corpora"].items():
+        for t, s in r["search"].items():
+            lines.append(
+                f"| {name} | {r['tokens']:.2e} | {r['build_wall_s']:.2f} ({r['build_cpu_s']:.2f}) | "
+                f"{r['build_tokens_per_s'] / 1e6:.2f} | {r['peak_extra_bytes_per_token']:.2f} | "
+                f"{r['file_bytes_per_token']:.2f} | {r['open_ms_median']:.3f} | {t} |"
+                + "".join(
+                    f" {s[f'b{b}']['wall_us_median']:.1f} ({s[f'b{b}']['cpu_us_median']:.1f}) |"
+                    for b in batches
+                )
+            )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "_build":
+        print(json.dumps(child_build(sys.argv[2], sys.argv[3])))
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "_search":
+        batches = [int(x) for x in sys.argv[4].split(",")]
+        print(json.dumps(child_search(sys.argv[2], sys.argv[3], batches, int(sys.argv[5]), int(sys.argv[6]))))
+        return
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--corpora", nargs="+", default=["zipf1e6", "zipf1e7", "cpython"])
+    ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    ap.add_argument("--batches", nargs="+", type=int, default=[1, 16, 64, 256])
+    ap.add_argument("--contexts", type=int, default=1024, help="distinct contexts searched per batch size")
+    ap.add_argument("--repeats", type=int, default=3, help="passes over the contexts per batch size")
+    ap.add_argument("--out", default=None, help="JSON path (default bench/results/datastore-<time>.json)")
+    args = ap.parse_args()
+    results = run(args)
+    out = Path(args.out or HERE / "results" / f"datastore-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=1))
+    print(table(results, args.batches))
+    print(f"\nload average {results['machine']['load_avg']}; JSON: {out}")
+
+
+if __name__ == "__main__":
+    main()

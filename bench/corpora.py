@@ -1,0 +1,117 @@
+"""Benchmark corpora as (tokens int32 [N], offsets int64 [D + 1]) pairs, cached as .npy files.
+
+- ``zipf(n)``: a seeded synthetic stream of Zipf-distributed token ids (exponent 1.1, SmolLM2's vocabulary
+  size 49152, frequent ranks spread over the id space), cut into documents of ~1000 tokens on average.
+- ``cpython()``: the CPython standard library (``/usr/lib/python3.11/**/*.py``, plus the Debian
+  ``python3.11-doc`` text files when installed), one document per file, tokenized with the SmolLM2
+  tokenizer (``sssd.models.load_tokenizer()``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+VOCAB = 49_152
+CACHE = Path(os.environ.get("SSSD_BENCH_CACHE", Path.home() / ".cache" / "sssd" / "bench"))
+PY_LIB = Path("/usr/lib/python3.11")
+PY_DOC = Path("/usr/share/doc/python3.11-doc")
+
+
+def _cached(name: str) -> tuple[Path, Path]:
+    CACHE.mkdir(parents=True, exist_ok=True)
+    return CACHE / f"{name}.tokens.npy", CACHE / f"{name}.offsets.npy"
+
+
+def _load(name: str) -> tuple[np.ndarray, np.ndarray] | None:
+    tp, op = _cached(name)
+    if tp.is_file() and op.is_file():
+        return np.load(tp), np.load(op)
+    return None
+
+
+def _save(name: str, tokens: np.ndarray, offsets: np.ndarray) -> None:
+    tp, op = _cached(name)
+    for path, arr in ((tp, tokens), (op, offsets)):
+        tmp = path.with_suffix(".tmp.npy")
+        np.save(tmp, arr)
+        tmp.replace(path)
+
+
+def zipf(n: int, seed: int = 0, exponent: float = 1.1, mean_doc: int = 1000) -> tuple[np.ndarray, np.ndarray]:
+    name = f"zipf_{n}_s{seed}"
+    if (hit := _load(name)) is not None:
+        return hit
+    rng = np.random.default_rng(seed)
+    ids = rng.permutation(VOCAB).astype(np.int32)  # rank -> token id
+    tokens = np.empty(n, dtype=np.int32)
+    chunk = 1 << 22
+    for lo in range(0, n, chunk):
+        hi = min(n, lo + chunk)
+        ranks = np.minimum(rng.zipf(exponent, size=hi - lo) - 1, VOCAB - 1)
+        tokens[lo:hi] = ids[ranks]
+    lengths = rng.geometric(1.0 / mean_doc, size=n // mean_doc * 2 + 16)
+    ends = np.cumsum(lengths)
+    ends = ends[ends < n]
+    offsets = np.concatenate([[0], ends, [n]]).astype(np.int64)
+    _save(name, tokens, offsets)
+    return tokens, offsets
+
+
+def _cpython_texts() -> list[str]:
+    files = sorted(PY_LIB.rglob("*.py"))
+    if PY_DOC.is_dir():
+        files += sorted(p for p in PY_DOC.rglob("*.txt") if p.is_file())
+    texts = []
+    for f in files:
+        try:
+            texts.append(f.read_text(encoding="utf-8", errors="replace"))
+        except OSError:
+            continue
+    return [t for t in texts if t]
+
+
+def cpython() -> tuple[np.ndarray, np.ndarray]:
+    if (hit := _load("cpython311_smollm2")) is not None:
+        return hit
+    from sssd.models import load_tokenizer
+
+    backend = load_tokenizer().backend_tokenizer
+    encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
+    texts = _cpython_texts()
+    docs: list[np.ndarray] = []
+    for i in range(0, len(texts), 64):
+        encoded = encode(texts[i : i + 64], add_special_tokens=False)
+        docs += [np.asarray(e.ids, dtype=np.int32) for e in encoded]
+    tokens = np.concatenate(docs).astype(np.int32)
+    offsets = np.concatenate([[0], np.cumsum([len(d) for d in docs])]).astype(np.int64)
+    _save("cpython311_smollm2", tokens, offsets)
+    return tokens, offsets
+
+
+def load(name: str) -> tuple[np.ndarray, np.ndarray]:
+    """'zipf1e6', 'zipf1e7', 'zipf1e8' or 'cpython'."""
+    if name == "cpython":
+        return cpython()
+    if name.startswith("zipf"):
+        return zipf(int(float(name[4:])))
+    raise ValueError(f"unknown corpus {name!r}")
+
+
+def sample_contexts(tokens: np.ndarray, offsets: np.ndarray, n: int, length: int = 32, seed: int = 1):
+    """n contexts tokens[p - length : p] at random real positions p (inside one document when it is long
+    enough, otherwise from the document's start)."""
+    rng = np.random.default_rng(seed)
+    docs = rng.integers(0, len(offsets) - 1, size=4 * n)
+    out = []
+    for d in docs:
+        lo, hi = int(offsets[d]), int(offsets[d + 1])
+        if hi - lo < 2:
+            continue
+        p = int(rng.integers(lo + 1, hi))
+        out.append(np.ascontiguousarray(tokens[max(lo, p - length) : p], dtype=np.int32))
+        if len(out) == n:
+            break
+    return out
