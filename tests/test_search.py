@@ -1,5 +1,6 @@
-"""Continuation search: native vs the Python reference (random corpora), exact hand-written tries, and
-every bad search input. Tries are compared in canonical form (node order is not part of the contract)."""
+"""Continuation search: native vs the Python reference on random corpora (identical flat arrays, node
+order included), hand-written tries (canonical form: paths with counts and match lengths), and every bad
+search input."""
 
 from __future__ import annotations
 
@@ -253,4 +254,6 @@ def test_native_search_equals_reference(corpus, config):
         trie = got.trie(i)
         check_trie_invariants(trie)
         assert canonical_trie(trie) == canonical_trie(want.trie(i)), f"context {ctx}"
+        for field in ("tokens", "parents", "counts", "depth", "match_len"):  # node order too
+            assert np.array_equal(getattr(trie, field), getattr(want.trie(i), field)), (field, ctx)
         assert_within_one_document(shards, ctx, trie)

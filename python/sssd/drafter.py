@@ -201,7 +201,7 @@ class Drafter:
         if datastore is not None and not isinstance(datastore, Datastore):
             raise TypeError(f"datastore must be a sssd.Datastore or None, got {type(datastore).__name__}")
         self.datastore = datastore  # keeps the memory maps alive
-        shards = list(datastore._shards) if datastore is not None else []
+        shards = list(datastore.shards) if datastore is not None else []
         cfg = self.config
         if datastore is not None and cfg.vocab_size and cfg.vocab_size > datastore.vocab_size:
             raise ValueError(f"vocab_size {cfg.vocab_size} exceeds the datastore's {datastore.vocab_size}")

@@ -10,10 +10,11 @@ way so that the native code (``csrc/core``) can be checked against it on random 
 * :func:`read_datastore_file` / :func:`fnv1a64`: a plain reader of the file format and its checksum.
 * :class:`ReferenceDatastore`: continuation search over one or more shards, as in ``csrc/core/search.h``.
 
-Node order: :meth:`ReferenceDatastore.search` creates trie nodes in the same order as the native code
-does today (query lengths from longest to shortest, samples in suffix-array order, each path depth
-first). The tests do not rely on that: they compare :func:`canonical_trie` forms (every path with its
-count and match length), so the native search is free to create nodes in another order.
+Node order: :meth:`ReferenceDatastore.search` creates trie nodes in the order the native search does
+(query lengths from longest to shortest, samples in suffix-array order over the shards in order, each
+continuation inserted depth first; a new node is appended). The random-corpus test asserts the flat
+arrays are identical, node order included; the hand-written tests state their expectations with
+:func:`canonical_trie` (every path with its count and match length), which ignores node order.
 """
 
 from __future__ import annotations
