@@ -40,7 +40,8 @@ class Calibration {
 
  private:
   void refit(int32_t g);
-  std::vector<int32_t> depth_edges_, match_edges_;
+  static constexpr int32_t kLut = 128;  // bucket lookup tables for depth / match length < kLut
+  std::vector<int32_t> depth_edges_, match_edges_, depth_lut_, match_lut_;
   int32_t num_knots_;
   std::vector<float> values_;
   std::vector<double> weights_, successes_;

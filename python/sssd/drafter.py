@@ -55,8 +55,10 @@ class DrafterConfig:
     ds_min_query_len: int = 1
     ds_min_occurrences: int = 4
     ds_max_samples: int = 64
+    ds_max_depth: int = 0  # continuation tokens per datastore occurrence (0: max_depth)
     alpha: float = 1.0  # raw = count / (parent count + alpha)
     noisy_or: bool = False  # fuse sources by noisy-or instead of max
+    min_f: float = 1e-4  # candidates with a smaller f are dropped while fusing (saves time)
     # "default" (shipped table), None (uncalibrated raw scores), a path to a JSON table, or a table.
     calibration: str | CalibrationTable | None = "default"
     online_calibration: bool = True  # observe() updates the table
