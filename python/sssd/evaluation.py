@@ -142,24 +142,30 @@ def crossfit_simulate(
     budget: int,
     batch_size: int = 16,
     allocation: str = "per-request",
+    calibrate: bool = True,
     fit_budget: int = 64,
     collect: bool = False,
 ) -> SimulationResult:
     """2-fold cross-fit: fit a table on each half (split_pairs), replay the other half with it, add up.
 
-    Tables are cached per (sources, fold pair ids, fit budget) within the process, so a sweep over
+    ``calibrate=False`` replays the same two halves with the spec's own table (or a baseline), so rows
+    with and without fitting see the same batches and the same recent-outputs pool (one half's
+    outputs). Tables are cached per (sources, fold, fit budget) within the process, so a sweep over
     budgets fits each fold once."""
     halves = split_pairs(pairs, 0.5)
     parts = []
     for fit_on, measure in (halves, halves[::-1]):
         if not fit_on or not measure:
             raise ValueError("cross-fitting needs pairs in both halves (use more pairs)")
-        key = (spec.sources, tuple(p.id for p in fit_on), fit_budget, batch_size, id(datastore))
-        if key not in _FIT_CACHE:
-            _FIT_CACHE[key] = fit_calibration(
-                spec, datastore, fit_on, budget=fit_budget, batch_size=batch_size
-            )
-        drafter = make_drafter(spec, datastore, _FIT_CACHE[key])
+        table = None
+        if calibrate:
+            key = (spec.sources, tuple(p.id for p in fit_on), fit_budget, batch_size, id(datastore))
+            if key not in _FIT_CACHE:
+                _FIT_CACHE[key] = fit_calibration(
+                    spec, datastore, fit_on, budget=fit_budget, batch_size=batch_size
+                )
+            table = _FIT_CACHE[key]
+        drafter = make_drafter(spec, datastore, table)
         parts.append(
             simulate(
                 drafter,
