@@ -104,24 +104,31 @@ def collect_records(
 
 
 def fit_calibration(
-    spec: DrafterSpec, datastore: Any, pairs: Sequence[Pair], *, budget: int = 64, batch_size: int = 16
+    spec: DrafterSpec,
+    datastore: Any,
+    pairs: Sequence[Pair],
+    *,
+    budget: int = 64,
+    batch_size: int = 16,
+    rounds: int = 2,
 ) -> Any:
-    """A table fitted on ``pairs``: replay them with the identity table (raw scores, so every group's
-    raw -> acceptance relation is seen unbent), then fit the monotone maps to the tested nodes."""
+    """A table fitted on ``pairs``. Round 1 replays them with the identity table (raw scores, so every
+    group's raw -> acceptance relation is seen unbent) and fits the monotone maps to the tested nodes;
+    each further round replays with the latest table, so the fit also sees the nodes a calibrated
+    drafter proposes, and refits on all observations so far."""
     from sssd import calibration
 
     if spec.baseline is not None:
         raise ValueError("baselines have no calibration to fit")
-    r = collect_records(
-        spec,
-        datastore,
-        pairs,
-        budget=budget,
-        batch_size=batch_size,
-        table=calibration.CalibrationTable.identity(),
-    )
-    source, depth, match_len, raw, accepted = records_arrays(r.records)
-    return calibration.fit(source, depth, match_len, raw, accepted)
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    table = calibration.CalibrationTable.identity()
+    observed: list[tuple[np.ndarray, ...]] = []
+    for _ in range(rounds):
+        r = collect_records(spec, datastore, pairs, budget=budget, batch_size=batch_size, table=table)
+        observed.append(records_arrays(r.records))
+        table = calibration.fit(*(np.concatenate(cols) for cols in zip(*observed, strict=True)))
+    return table
 
 
 def calibration_error(records: NodeRecords) -> float:
