@@ -206,3 +206,11 @@ def test_merge_results_adds_up_disjoint_runs():
         merge_results([])
     with pytest.raises(ValueError):
         merge_results([parts[0], whole.__class__(**{**vars(whole), "budget": 9})])
+
+
+def test_empty_outputs_take_no_steps():
+    pairs = [Pair.make([1, 2], [], id="e"), *_pairs([6]), Pair.make([3], [], id="f")]
+    seen = []
+    r = simulate(ScriptedDrafter(pairs), pairs, budget=2, batch_size=2, progress=lambda *a: seen.append(a))
+    assert r.steps == 2 and r.generated_tokens == 6 and r.num_pairs == 3
+    assert seen[-1] == (3, 3)
