@@ -168,6 +168,12 @@ def _variants(ds: str) -> list[tuple[str, DrafterSpec, bool]]:
         ("fused, uncalibrated (identity)", DrafterSpec(calibration="none", datastore=ds), False),
         ("fused, shipped default table (fit on even dev pairs)", DrafterSpec(datastore=ds), False),
         ("fused, calibrated (cross-fit)", DrafterSpec(datastore=ds), True),
+        ("fused, calibrated (cross-fit) + online updates", DrafterSpec(datastore=ds, online=True), True),
+        (
+            "fused, uncalibrated start + online updates",
+            DrafterSpec(calibration="none", datastore=ds, online=True),
+            False,
+        ),
         (
             "fused, calibrated, no recent pool",
             DrafterSpec(sources=("input", "datastore"), datastore=ds),
