@@ -108,53 +108,64 @@ def _streams(pairs, n: int, length: int) -> list[np.ndarray]:
     return out
 
 
+def _time_propose(spec: DrafterSpec, ds, pairs, streams, b: int, budget: int, steps: int) -> dict:
+    """Median wall / CPU µs per request of ``steps`` propose calls for ``b`` requests (3 warm-up calls)."""
+    ctx_len, warm = 500, 3
+    drafter = make_drafter(spec, ds)
+    for k, p in enumerate(pairs[:64]):  # warm the recent-outputs pool with 64 outputs
+        drafter.add_request(10_000 + k, p.prompt_ids)
+        drafter.extend(10_000 + k, p.output_ids)
+        drafter.remove_request(10_000 + k)
+    rids = list(range(b))
+    for r in rids:
+        drafter.add_request(r, streams[r][:ctx_len])
+    times, cpu = [], []
+    for s in range(warm + steps):
+        c0, t0 = time.process_time(), time.perf_counter()
+        drafter.propose(rids, budget=[budget] * b)
+        dt, dc = time.perf_counter() - t0, time.process_time() - c0
+        if s >= warm:
+            times.append(dt)
+            cpu.append(dc)
+        for r in rids:
+            drafter.extend(r, streams[r][ctx_len + s : ctx_len + s + 1])
+    us = 1e6 * np.asarray(times) / b
+    cpu_us = 1e6 * np.asarray(cpu) / b
+    row = {
+        "drafter": spec.label(),
+        "batch": b,
+        "budget": budget,
+        "steps": steps,
+        "us_median": float(np.median(us)),
+        "us_p90": float(np.percentile(us, 90)),
+        "cpu_us_median": float(np.median(cpu_us)),
+    }
+    print(
+        f"  {row['drafter']:>40} batch {b:>3} budget {budget}: {row['us_median']:8.1f} µs/req/step "
+        f"(CPU {row['cpu_us_median']:.1f})",
+        file=sys.stderr,
+    )
+    return row
+
+
 def bench_latency(pairs, ds_path: Path, quick: bool) -> list[dict]:
+    """All batch sizes and budgets for the fused drafter and the baseline; one source at a time at
+    batch 64, budget 64 (where the time goes)."""
     from sssd.datastore import Datastore
 
     ds = Datastore.open(ds_path)
-    ctx_len, warm, batches, budgets = 500, 3, (1, 16, 64, 256), (16, 64)
-    rows = []
-    for spec in (DrafterSpec(datastore=str(ds_path)), DrafterSpec(baseline="prompt-lookup")):
-        for b in batches:
-            steps = max(10, (200 if quick else 2000) // b)
-            streams = _streams(pairs, b, ctx_len + warm + steps + 1)
-            for budget in budgets:
-                drafter = make_drafter(spec, ds)
-                for k, p in enumerate(pairs[:64]):  # warm the recent-outputs pool with 64 outputs
-                    drafter.add_request(10_000 + k, p.prompt_ids)
-                    drafter.extend(10_000 + k, p.output_ids)
-                    drafter.remove_request(10_000 + k)
-                rids = list(range(b))
-                for r in rids:
-                    drafter.add_request(r, streams[r][:ctx_len])
-                times, cpu = [], []
-                for s in range(warm + steps):
-                    c0, t0 = time.process_time(), time.perf_counter()
-                    drafter.propose(rids, budget=[budget] * b)
-                    dt, dc = time.perf_counter() - t0, time.process_time() - c0
-                    if s >= warm:
-                        times.append(dt)
-                        cpu.append(dc)
-                    for r in rids:
-                        drafter.extend(r, streams[r][ctx_len + s : ctx_len + s + 1])
-                us = 1e6 * np.asarray(times) / b
-                cpu_us = 1e6 * np.asarray(cpu) / b
-                rows.append(
-                    {
-                        "drafter": spec.label(),
-                        "batch": b,
-                        "budget": budget,
-                        "us_median": float(np.median(us)),
-                        "us_p90": float(np.percentile(us, 90)),
-                        "cpu_us_median": float(np.median(cpu_us)),
-                        "steps": steps,
-                    }
-                )
-                print(
-                    f"  {spec.label():>32} batch {b:>3} budget {budget}: {np.median(us):8.1f} µs/req/step"
-                    f" (CPU {np.median(cpu_us):.1f})",
-                    file=sys.stderr,
-                )
+    fused, baseline = DrafterSpec(datastore=str(ds_path)), DrafterSpec(baseline="prompt-lookup")
+    runs = [(spec, b, n) for spec in (fused, baseline) for b in (1, 16, 64, 256) for n in (16, 64)]
+    runs += [
+        (DrafterSpec(sources=(src,), datastore=str(ds_path)), 64, 64)
+        for src in ("input", "datastore", "recent")
+    ]
+    rows, streams = [], {}
+    for spec, b, budget in runs:
+        steps = max(10, (200 if quick else 2000) // b)
+        if b not in streams:
+            streams[b] = _streams(pairs, b, 500 + 3 + steps + 1)
+        rows.append(_time_propose(spec, ds, pairs, streams[b], b, budget, steps))
     return rows
 
 
@@ -237,6 +248,8 @@ def _md(head: list[str], rows: list[list[str]]) -> str:
 
 
 def report_latency(rows: list[dict]) -> str:
+    single = [r for r in rows if "+" not in r["drafter"] and r["drafter"] != "prompt-lookup"]
+    rows = [r for r in rows if r not in single]
     drafters = list(dict.fromkeys(r["drafter"] for r in rows))
     keys = sorted({(r["batch"], r["budget"]) for r in rows})
     by = {(r["drafter"], r["batch"], r["budget"]): r for r in rows}
@@ -246,7 +259,12 @@ def report_latency(rows: list[dict]) -> str:
         return f"{r['us_median']:.1f} ({r['us_p90']:.1f}) / {r['cpu_us_median']:.1f}"
 
     body = [[str(b), str(n), *[cell(by[d, b, n]) for d in drafters]] for b, n in keys]
-    return _md(head, body)
+    text = _md(head, body)
+    if single:
+        text += "\n\nOne source at a time (batch 64, budget 64): " + ", ".join(
+            f"{r['drafter']} {r['us_median']:.1f} / CPU {r['cpu_us_median']:.1f} µs" for r in single
+        )
+    return text
 
 
 def report_mal(rows: list[dict], budgets: list[int]) -> str:
@@ -292,12 +310,37 @@ def report_allocation(rows: list[dict]) -> str:
     return _md(head, body)
 
 
+def plot_mal(rows: list[dict], path: Path) -> None:
+    """MAL vs budget per drafter row, with the bar (needs matplotlib: the ``bench`` extra)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for name in dict.fromkeys(r["drafter"] for r in rows):
+        pts = sorted((r["budget"], r["mal"]) for r in rows if r["drafter"] == name)
+        ax.plot(*zip(*pts, strict=True), marker="o", label=name)
+    ax.plot(list(BAR), list(BAR.values()), "k*", markersize=12, label="bar: SSSD published")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted({r["budget"] for r in rows}), [str(b) for b in sorted({r["budget"] for r in rows})])
+    ax.set_xlabel("draft nodes per request (budget)")
+    ax.set_ylabel("MAL (tokens per step)")
+    ax.set_title("SmolLM2-135M dev pairs (244), teacher-forced replay, batch 16")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--parts", default="a,b,c", help="comma list of a (latency), b (MAL), c (allocation)")
     p.add_argument("--quick", action="store_true", help="fewer steps / pairs (a smoke run)")
     p.add_argument("--batch-size", type=int, default=16, help="simulated batch for (b) and (c)")
     p.add_argument("--out", type=Path, default=RESULTS / "bench_drafter.json")
+    p.add_argument("--plot", action="store_true", help="also write MAL vs budget as a PNG next to the JSON")
     args = p.parse_args(argv)
     parts = set(args.parts.split(","))
     pairs = load_pairs(DATA / "smollm2_dev_pairs.jsonl", vocab_size=VOCAB)
@@ -334,6 +377,8 @@ def main(argv: list[str] | None = None) -> int:
         print(report_allocation(out["allocation"]) + "\n")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1) + "\n")
+    if args.plot and "mal" in out:
+        plot_mal(out["mal"], args.out.with_name("mal_vs_budget.png"))
     print(f"results: {args.out}")
     return 0
 
