@@ -38,8 +38,9 @@ DATA = Path(os.environ.get("SSSD_DEV_DATA", "/work/shared/data"))
 CACHE = ROOT / "cache" / "bench"
 RESULTS = ROOT / "bench" / "results"
 VOCAB = 49152
-BAR = {16: 2.43, 64: 2.63}  # SSSD's published drafter, /work/shared/data/README.md
 
+
+from drafter_report import plot_mal, render  # noqa: E402
 from sssd.evaluation import DrafterSpec, crossfit_simulate, make_drafter  # noqa: E402
 from sssd.pairs import load_pairs  # noqa: E402
 
@@ -241,97 +242,10 @@ def bench_allocation(pairs, ds_path: Path, budgets: list[int], batch: int) -> li
     return rows
 
 
-def _md(head: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines)
+def _tokens(path: Path) -> int:
+    from sssd.datastore import Datastore
 
-
-def report_latency(rows: list[dict]) -> str:
-    single = [r for r in rows if "+" not in r["drafter"] and r["drafter"] != "prompt-lookup"]
-    rows = [r for r in rows if r not in single]
-    drafters = list(dict.fromkeys(r["drafter"] for r in rows))
-    keys = sorted({(r["batch"], r["budget"]) for r in rows})
-    by = {(r["drafter"], r["batch"], r["budget"]): r for r in rows}
-    head = ["batch", "budget", *[f"{d}: wall median (p90) / CPU median, µs" for d in drafters]]
-
-    def cell(r: dict) -> str:
-        return f"{r['us_median']:.1f} ({r['us_p90']:.1f}) / {r['cpu_us_median']:.1f}"
-
-    body = [[str(b), str(n), *[cell(by[d, b, n]) for d in drafters]] for b, n in keys]
-    text = _md(head, body)
-    if single:
-        text += "\n\nOne source at a time (batch 64, budget 64): " + ", ".join(
-            f"{r['drafter']} {r['us_median']:.1f} / CPU {r['cpu_us_median']:.1f} µs" for r in single
-        )
-    return text
-
-
-def report_mal(rows: list[dict], budgets: list[int]) -> str:
-    names = list(dict.fromkeys(r["drafter"] for r in rows))
-    by = {(r["drafter"], r["budget"]): r for r in rows}
-    head = ["drafter", *[f"MAL @{b}" for b in budgets], *[f"vs bar @{b}" for b in budgets if b in BAR]]
-    body = []
-    for n in names:
-        cells = [n, *[f"{by[n, b]['mal']:.3f}" for b in budgets]]
-        cells += [f"{100 * (by[n, b]['mal'] / BAR[b] - 1):+.1f}%" for b in budgets if b in BAR]
-        body.append(cells)
-    body.append(
-        [
-            "bar: SSSD published",
-            *[f"{BAR[b]:.2f}" if b in BAR else "" for b in budgets],
-            *["" for b in budgets if b in BAR],
-        ]
-    )
-    return _md(head, body)
-
-
-def report_allocation(rows: list[dict]) -> str:
-    by = {(r["budget"], r["allocation"]): r for r in rows}
-    body = []
-    for b in sorted({r["budget"] for r in rows}):
-        even, glob = by[b, "per-request"], by[b, "global"]
-        body.append(
-            [
-                str(b),
-                f"{even['mal']:.3f}",
-                f"{glob['mal']:.3f}",
-                f"{100 * (glob['mal'] / even['mal'] - 1):+.1f}%",
-                f"{even['drafted_per_step']:.1f} / {glob['drafted_per_step']:.1f}",
-            ]
-        )
-    head = [
-        "nodes per request (total = x batch)",
-        "MAL even split",
-        "MAL global",
-        "gain",
-        "nodes used per step (even / global)",
-    ]
-    return _md(head, body)
-
-
-def plot_mal(rows: list[dict], path: Path) -> None:
-    """MAL vs budget per drafter row, with the bar (needs matplotlib: the ``bench`` extra)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    for name in dict.fromkeys(r["drafter"] for r in rows):
-        pts = sorted((r["budget"], r["mal"]) for r in rows if r["drafter"] == name)
-        ax.plot(*zip(*pts, strict=True), marker="o", label=name)
-    ax.plot(list(BAR), list(BAR.values()), "k*", markersize=12, label="bar: SSSD published")
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(sorted({r["budget"] for r in rows}), [str(b) for b in sorted({r["budget"] for r in rows})])
-    ax.set_xlabel("draft nodes per request (budget)")
-    ax.set_ylabel("MAL (tokens per step)")
-    ax.set_title("SmolLM2-135M dev pairs (244), teacher-forced replay, batch 16")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return len(Datastore.open(path))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -349,36 +263,37 @@ def main(argv: list[str] | None = None) -> int:
     budgets = [8, 16, 32, 64]
     import sssd
 
-    out: dict = {
-        "machine": {
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "threads": sssd.max_threads(),
-            "openmp": sssd.has_openmp(),
-        },
-        "pairs": len(pairs),
-        "batch_size": args.batch_size,
+    machine = {
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "omp_threads": sssd.max_threads(),
+        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+        "command": "OMP_NUM_THREADS=" + os.environ.get("OMP_NUM_THREADS", "") + " " + " ".join(sys.argv),
     }
-    if args.out.is_file():  # keep the parts not rerun
-        out = {**json.loads(args.out.read_text()), **out}
-    print(f"# drafter benchmarks ({len(pairs)} pairs, {sssd.max_threads()} threads)\n")
+    out: dict = json.loads(args.out.read_text()) if args.out.is_file() else {}  # keeps parts not rerun
+    out = {k: v for k, v in out.items() if isinstance(v, dict) and "machine" in v}  # older layouts: dropped
     if "a" in parts:
         ds = big_datastore()
-        out["latency"] = {"datastore": ds.name, "rows": bench_latency(pairs, ds, args.quick)}
-        print("## (a) propose latency, µs per request per step, 500-token contexts\n")
-        print(report_latency(out["latency"]["rows"]) + "\n")
+        rows = bench_latency(pairs, ds, args.quick)
+        out["latency"] = {"machine": machine, "datastore": ds.name, "tokens": _tokens(ds), "rows": rows}
     if "b" in parts:
-        out["mal"] = bench_mal(pairs, dev_datastore(), budgets, args.batch_size)
-        print(f"## (b) MAL, {len(pairs)} dev pairs, batch {args.batch_size}\n")
-        print(report_mal(out["mal"], budgets) + "\n")
+        rows = bench_mal(pairs, dev_datastore(), budgets, args.batch_size)
+        out["mal"] = {"machine": machine, "pairs": len(pairs), "batch_size": args.batch_size, "rows": rows}
     if "c" in parts:
-        out["allocation"] = bench_allocation(pairs, dev_datastore(), budgets, args.batch_size)
-        print(f"## (c) global vs even allocation, batch {args.batch_size}\n")
-        print(report_allocation(out["allocation"]) + "\n")
+        rows = bench_allocation(pairs, dev_datastore(), budgets, args.batch_size)
+        out["allocation"] = {
+            "machine": machine,
+            "pairs": len(pairs),
+            "batch_size": args.batch_size,
+            "rows": rows,
+        }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1) + "\n")
+    text = render(out, budgets)
+    print(text)
+    args.out.with_suffix(".md").write_text(text)
     if args.plot and "mal" in out:
-        plot_mal(out["mal"], args.out.with_name("mal_vs_budget.png"))
+        plot_mal(out["mal"]["rows"], args.out.with_name("mal_vs_budget.png"))
     print(f"results: {args.out}")
     return 0
 
