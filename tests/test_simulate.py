@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from sssd.baselines import PromptLookupDrafter
 from sssd.pairs import Pair
-from sssd.simulate import GroupStats, accepted_lengths, expected_calibration_error, merge_results, simulate
+from sssd.simulate import GroupStats, accepted_lengths, merge_results, simulate
 
 
 @dataclass(frozen=True)
@@ -177,13 +177,6 @@ def test_bad_arguments():
         simulate(ScriptedDrafter(pairs), pairs, budget=4, batch_size=0)
     with pytest.raises(ValueError):
         simulate(ScriptedDrafter(pairs), pairs, budget=4, allocation="even")
-
-
-def test_expected_calibration_error():
-    assert expected_calibration_error(np.array([0.25, 0.25, 0.25, 0.25]), np.array([1, 0, 0, 0])) == 0.0
-    assert expected_calibration_error(np.array([0.95, 0.95]), np.array([0, 0])) == pytest.approx(0.95)
-    with pytest.raises(ValueError):
-        expected_calibration_error(np.zeros(2), np.zeros(3))
 
 
 def test_merge_results_adds_up_disjoint_runs():

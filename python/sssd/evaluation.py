@@ -133,9 +133,9 @@ def fit_calibration(
 
 def calibration_error(records: NodeRecords) -> float:
     """ECE of the probabilities the drafter reported for tested nodes against their outcomes."""
-    from sssd.simulate import expected_calibration_error
+    from sssd import calibration
 
-    return expected_calibration_error(records.features["probs"], records.accepted)
+    return calibration.calibration_error(records.features["probs"], records.accepted)
 
 
 _FIT_CACHE: dict[tuple, Any] = {}

@@ -329,20 +329,6 @@ def simulate(
     )
 
 
-def expected_calibration_error(probs: np.ndarray, accepted: np.ndarray, bins: int = 10) -> float:
-    """ECE: sum over equal-width probability bins of (share of nodes) x |mean prob - accept rate|."""
-    probs = np.asarray(probs, dtype=np.float64)
-    accepted = np.asarray(accepted, dtype=np.float64)
-    if probs.shape != accepted.shape:
-        raise ValueError("probs and accepted must have the same shape")
-    if probs.size == 0:
-        return float("nan")
-    b = np.clip((probs * bins).astype(np.int64), 0, bins - 1)
-    n = np.bincount(b, minlength=bins)
-    gap = np.abs(np.bincount(b, probs, bins) - np.bincount(b, accepted, bins))
-    return float(gap.sum() / n.sum())
-
-
 def merge_results(results: Sequence[SimulationResult]) -> SimulationResult:
     """One result over disjoint pair sets replayed with the same budget (e.g. the folds of a cross-fit).
 
