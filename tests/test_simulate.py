@@ -207,3 +207,50 @@ def test_empty_outputs_take_no_steps():
     r = simulate(ScriptedDrafter(pairs), pairs, budget=2, batch_size=2, progress=lambda *a: seen.append(a))
     assert r.steps == 2 and r.generated_tokens == 6 and r.num_pairs == 3
     assert seen[-1] == (3, 3)
+
+
+def _reference_accepted(tokens, parents, offsets, outputs):
+    """Obviously-correct greedy verification: the deepest node whose root path spells the output."""
+    acc = []
+    for i in range(len(offsets) - 1):
+        lo, hi = offsets[i], offsets[i + 1]
+        best = 0
+        for v in range(1, hi - lo):
+            path = []
+            u = v
+            while u > 0:
+                path.append(tokens[lo + u])
+                u = parents[lo + u]
+            if path[::-1] == outputs[i][: len(path)]:
+                best = max(best, len(path))
+        acc.append(best)
+    return acc
+
+
+def test_accepted_lengths_matches_a_reference_on_random_trees():
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        b = int(rng.integers(1, 5))
+        tokens, parents, depth, offsets, outputs, targets = [], [], [], [0], [], []
+        for _ in range(b):
+            n = int(rng.integers(1, 12))
+            par = [-1] + [int(rng.integers(0, k)) for k in range(1, n)]
+            dep = [0]
+            for k in range(1, n):
+                dep.append(dep[par[k]] + 1)
+            tok = [0, *rng.integers(0, 3, n - 1).tolist()]
+            out = rng.integers(0, 3, int(rng.integers(0, 6))).tolist()
+            tokens += tok
+            parents += par
+            depth += dep
+            offsets.append(offsets[-1] + n)
+            outputs.append(out)
+            targets += [out[d - 1] if 0 < d <= len(out) else -1 for d in dep]
+        acc, _ = accepted_lengths(
+            np.asarray(tokens, np.int32),
+            np.asarray(parents, np.int32),
+            np.asarray(depth, np.int32),
+            np.asarray(offsets, np.int64),
+            np.asarray(targets, np.int64),
+        )
+        assert acc.tolist() == _reference_accepted(tokens, parents, offsets, outputs)
