@@ -268,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         "cpus": os.cpu_count(),
         "omp_threads": sssd.max_threads(),
         "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
-        "command": "OMP_NUM_THREADS=" + os.environ.get("OMP_NUM_THREADS", "") + " " + " ".join(sys.argv),
+        "command": f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')} PYTHONPATH=python:. python3 "
+        + " ".join(sys.argv),
     }
     out: dict = json.loads(args.out.read_text()) if args.out.is_file() else {}  # keeps parts not rerun
     out = {k: v for k, v in out.items() if isinstance(v, dict) and "machine" in v}  # older layouts: dropped
