@@ -64,6 +64,8 @@ sssd::DrafterParams drafter_params(const py::dict& d) {
   p.max_depth = get<int32_t>(d, "max_depth", p.max_depth);
   p.max_width = get<int32_t>(d, "max_width", p.max_width);
   p.max_tree_nodes = get<int32_t>(d, "max_tree_nodes", p.max_tree_nodes);
+  p.ds_max_depth = get<int32_t>(d, "ds_max_depth", p.ds_max_depth);
+  p.fusion.min_f = get<double>(d, "min_f", p.fusion.min_f);
   p.pool_max_tokens = get<int64_t>(d, "pool_max_tokens", p.pool_max_tokens);
   p.vocab_size = get<uint64_t>(d, "vocab_size", p.vocab_size);
   return p;

@@ -35,7 +35,7 @@ class DrafterConfig:
     use_input: bool = True  # the request's own prompt + output
     use_datastore: bool = True  # the suffix-array datastore (ignored when there is none)
     use_pool: bool = True  # recent outputs of finished requests
-    max_depth: int = 8  # deepest draft node (also the continuation length read per occurrence)
+    max_depth: int = 16  # deepest draft node (also the continuation length read per occurrence)
     max_width: int = 0  # most nodes at one depth of a tree (0: no limit)
     max_tree_nodes: int = 127  # most non-root nodes of one tree (127: trees fit 128-bit ancestor masks)
     index_max_n: int = 4  # n-gram lengths indexed (input source and pool)
@@ -45,7 +45,7 @@ class DrafterConfig:
     input_max_samples: int = 16
     input_max_chain: int = 64
     pool_max_match: int = 32
-    pool_min_n: int = 2
+    pool_min_n: int = 1
     pool_min_occurrences: int = 4
     pool_max_samples: int = 16
     pool_max_chain: int = 64
@@ -55,8 +55,10 @@ class DrafterConfig:
     ds_min_query_len: int = 1
     ds_min_occurrences: int = 4
     ds_max_samples: int = 64
+    ds_max_depth: int = 8  # continuation tokens per datastore occurrence (0: max_depth)
     alpha: float = 1.0  # raw = count / (parent count + alpha)
     noisy_or: bool = False  # fuse sources by noisy-or instead of max
+    min_f: float = 1e-4  # candidates with a smaller f are dropped while fusing (saves time)
     # "default" (shipped table), None (uncalibrated raw scores), a path to a JSON table, or a table.
     calibration: str | CalibrationTable | None = "default"
     online_calibration: bool = True  # observe() updates the table
