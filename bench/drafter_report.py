@@ -120,7 +120,8 @@ def plot_mal(rows: list[dict], path: Path) -> None:
 def _how(part: dict) -> str:
     m = part["machine"]
     return (
-        f"`{m['command'].strip()}` — {m['cpus']} CPUs, {m['omp_threads']} OpenMP threads, "
+        f"`{m['command'].strip()}` — {m['cpus']} CPUs, {m['omp_threads']} OpenMP threads "
+        f"(OMP_WAIT_POLICY={m.get('omp_wait_policy') or 'unset'}), "
         f"load average {m['loadavg_at_start'][0]} at start"
     )
 
@@ -128,11 +129,11 @@ def _how(part: dict) -> str:
 def render(out: dict, budgets: list[int]) -> str:
     """Markdown of every part present in the results (so partial reruns keep the others)."""
     text = ["# Drafter benchmarks\n"]
-    if "latency" in out:
-        lat = out["latency"]
+    for key in sorted(k for k in out if k.startswith("latency_omp")):
+        lat = out[key]
         text += [
-            f"## (a) propose latency, µs per request per step, 500-token contexts, "
-            f"datastore {lat['tokens']:,} tokens ({lat['datastore']})\n",
+            f"## (a) propose latency, {lat['machine']['omp_threads']} OpenMP thread(s): µs per request per "
+            f"step, 500-token contexts, datastore {lat['tokens']:,} tokens ({lat['datastore']})\n",
             _how(lat) + "\n",
             report_latency(lat["rows"]) + "\n",
         ]
