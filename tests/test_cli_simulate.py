@@ -149,6 +149,8 @@ def test_calibrate_then_simulate_with_the_table(pairs_file, datastore_file, tmp_
         "2",
         "--holdout",
         "0.4",
+        "--rounds",
+        "1",
     ]
     assert main(argv) == 0
     text = capsys.readouterr().out
@@ -181,6 +183,7 @@ def test_calibrate_then_simulate_with_the_table(pairs_file, datastore_file, tmp_
         ["simulate", "--sources", "datastore"],  # no --datastore
         ["calibrate", "--output", "/tmp/x.json", "--sources", "input,datastore"],
         ["calibrate", "--output", "/tmp/x.json", "--holdout", "1.5"],
+        ["calibrate", "--output", "/tmp/x.json", "--rounds", "0"],
         ["simulate", "--calibration", "/nonexistent/table.json"],
     ],
 )
