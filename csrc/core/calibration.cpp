@@ -20,8 +20,12 @@ void check_edges(const std::vector<int32_t>& e, const char* what) {
 }  // namespace
 
 void isotonic_fit(const double* y, const double* w, int32_t n, double* out) {
-  std::vector<double> val, wt;
-  std::vector<int32_t> len;
+  // Blocks of the stack: value, weight, length (reused buffers: refits run on every observe()).
+  static thread_local std::vector<double> val, wt;
+  static thread_local std::vector<int32_t> len;
+  val.clear();
+  wt.clear();
+  len.clear();
   for (int32_t i = 0; i < n; ++i) {
     val.push_back(y[i]);
     wt.push_back(w[i]);
