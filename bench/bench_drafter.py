@@ -248,6 +248,17 @@ def bench_allocation(pairs, ds_path: Path, budgets: list[int], batch: int) -> li
     return rows
 
 
+def _git_commit() -> str:
+    import subprocess
+
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
 def _tokens(path: Path) -> int:
     from sssd.datastore import Datastore
 
@@ -275,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         "omp_threads": sssd.max_threads(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""),
         "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+        "git_commit": _git_commit(),
         "command": f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')} PYTHONPATH=python:. python3 "
         + " ".join(sys.argv),
     }

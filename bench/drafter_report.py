@@ -123,6 +123,7 @@ def _how(part: dict) -> str:
         f"`{m['command'].strip()}` — {m['cpus']} CPUs, {m['omp_threads']} OpenMP threads "
         f"(OMP_WAIT_POLICY={m.get('omp_wait_policy') or 'unset'}), "
         f"load average {m['loadavg_at_start'][0]} at start"
+        + (f", commit {m['git_commit']}" if m.get("git_commit") else "")
     )
 
 
