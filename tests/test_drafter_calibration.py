@@ -111,3 +111,30 @@ def test_online_off_keeps_table():
     d.extend(1, [1])
     d.observe([1], b, [0])
     assert np.array_equal(d.calibration.values, cal.CalibrationTable.identity().values)
+
+
+def test_online_update_matches_soft_binning():
+    """observe() adds each trial (a node whose parent was accepted) to its group's two nearest knots."""
+    d = sssd.Drafter(config=sssd.DrafterConfig(calibration="identity", use_pool=False))
+    d.add_request(1, [5, 6, 7, 8, 1, 5, 6, 7, 9, 2, 5, 6, 7, 8, 3, 5, 6, 7])
+    b = d.propose([1], budget=12)
+    before = d.calibration.weights.copy()
+    d.extend(1, [8, 1, 4])  # two draft tokens accepted ("8 1"), then the bonus token 4
+    d.observe([1], b, [2])
+    delta = d.calibration.weights - before
+    on = {0}
+    for v in range(1, b.num_nodes):
+        parent = b.parents[v]
+        if parent in on and b.depth[v] <= 2 and [8, 1][b.depth[v] - 1] == b.tokens[v]:
+            on.add(v)
+    trials = [v for v in range(1, b.num_nodes) if b.parents[v] in on]
+    expected = np.zeros_like(delta)
+    table = cal.CalibrationTable.identity()
+    for v in trials:
+        dd, mm = table.buckets(b.depth[v], b.match_len[v])
+        t = float(b.raw_score[v]) * (table.num_knots - 1)
+        k = min(int(t), table.num_knots - 2)
+        expected[b.source[v], dd, mm, k] += 1 - (t - k)
+        expected[b.source[v], dd, mm, k + 1] += t - k
+    assert len(trials) >= 3
+    assert np.allclose(delta, expected, atol=1e-5)
