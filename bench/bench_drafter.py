@@ -7,11 +7,17 @@ Usage (from the repository root, after tools/dev_build.sh):
     ~1e7-token datastore: the real corpus (smollm2_other_outputs, 182k tokens) repeated 27 times plus
     ~5e6 tokens of synthetic Zipf(1.1) documents over the 49,152-token vocabulary. Contexts are 500
     tokens of real dev text (prompt + output of dev pairs, concatenated); each step extends every
-    request by one token; the recent-outputs pool holds ~64 earlier outputs.
-(b) MAL at budgets 8/16/32/64, all 244 dev pairs, batch 16, datastore = smollm2_other_outputs. The
-    calibrated rows use 2-fold cross-fitting: a table fitted (``sssd calibrate``'s fit) on one half of
-    the pairs measures the other half, and both halves are added up, so no pair is measured with a
-    table fitted on it. Compared with the bar of /work/shared/data/README.md.
+    request by one token; the recent-outputs pool holds ~64 earlier outputs. Wall and CPU time (all
+    threads) per call; run once per OpenMP thread count (results keyed latency_omp<N>); OpenMP waits
+    passively unless OMP_WAIT_POLICY is set (active spinning inflates both on a shared machine).
+(b) MAL at budgets 8/16/32/64, all 244 dev pairs, batch 16, datastore = smollm2_other_outputs. Every
+    row replays the pairs as two halves (split by a hash of the id) and adds the halves up, so all
+    rows see the same batches and the same recent-outputs pool. The calibrated rows are 2-fold
+    cross-fitted: each half is measured with a table fitted on the other half (``sssd calibrate``'s
+    fit: two replay rounds at budget 64, identity table then the first fit), so no pair is measured
+    with a table fitted on it. The single-source rows are cross-fitted too. The shipped default
+    table was fitted on the even-indexed dev pairs, so that row is not held out. Compared with the
+    bar of /work/shared/data/README.md.
 (c) The same total nodes (budget x batch) allocated globally (joint greedy by f) vs split evenly.
 Results: markdown on stdout and JSON in bench/results/bench_drafter.json. Datastores are built once
 into cache/bench/ (git-ignored).
@@ -29,16 +35,20 @@ from pathlib import Path
 
 import numpy as np
 
+# OpenMP threads that wait actively (spin) burn CPU time while idle, and on a shared, oversubscribed
+# machine they steal cycles from the working thread: measured 124 vs 14 µs CPU per request (input
+# source, batch 64, 2 threads). Passive waiting unless the caller says otherwise (recorded with results).
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 ROOT = Path(__file__).resolve().parent.parent
 DATA = Path(os.environ.get("SSSD_DEV_DATA", "/work/shared/data"))
 CACHE = ROOT / "cache" / "bench"
 RESULTS = ROOT / "bench" / "results"
 VOCAB = 49152
-BAR = {16: 2.43, 64: 2.63}  # SSSD's published drafter, /work/shared/data/README.md
 
+
+from drafter_report import plot_mal, render  # noqa: E402
 from sssd.evaluation import DrafterSpec, crossfit_simulate, make_drafter  # noqa: E402
 from sssd.pairs import load_pairs  # noqa: E402
-from sssd.simulate import simulate  # noqa: E402
 
 
 def _corpus() -> tuple[np.ndarray, np.ndarray]:
@@ -105,49 +115,64 @@ def _streams(pairs, n: int, length: int) -> list[np.ndarray]:
     return out
 
 
+def _time_propose(spec: DrafterSpec, ds, pairs, streams, b: int, budget: int, steps: int) -> dict:
+    """Median wall / CPU µs per request of ``steps`` propose calls for ``b`` requests (3 warm-up calls)."""
+    ctx_len, warm = 500, 3
+    drafter = make_drafter(spec, ds)
+    for k, p in enumerate(pairs[:64]):  # warm the recent-outputs pool with 64 outputs
+        drafter.add_request(10_000 + k, p.prompt_ids)
+        drafter.extend(10_000 + k, p.output_ids)
+        drafter.remove_request(10_000 + k)
+    rids = list(range(b))
+    for r in rids:
+        drafter.add_request(r, streams[r][:ctx_len])
+    times, cpu = [], []
+    for s in range(warm + steps):
+        c0, t0 = time.process_time(), time.perf_counter()
+        drafter.propose(rids, budget=[budget] * b)
+        dt, dc = time.perf_counter() - t0, time.process_time() - c0
+        if s >= warm:
+            times.append(dt)
+            cpu.append(dc)
+        for r in rids:
+            drafter.extend(r, streams[r][ctx_len + s : ctx_len + s + 1])
+    us = 1e6 * np.asarray(times) / b
+    cpu_us = 1e6 * np.asarray(cpu) / b
+    row = {
+        "drafter": spec.label(),
+        "batch": b,
+        "budget": budget,
+        "steps": steps,
+        "us_median": float(np.median(us)),
+        "us_p90": float(np.percentile(us, 90)),
+        "cpu_us_median": float(np.median(cpu_us)),
+    }
+    print(
+        f"  {row['drafter']:>40} batch {b:>3} budget {budget}: {row['us_median']:8.1f} µs/req/step "
+        f"(CPU {row['cpu_us_median']:.1f})",
+        file=sys.stderr,
+    )
+    return row
+
+
 def bench_latency(pairs, ds_path: Path, quick: bool) -> list[dict]:
+    """All batch sizes and budgets for the fused drafter and the baseline; one source at a time at
+    batch 64, budget 64 (where the time goes)."""
     from sssd.datastore import Datastore
 
     ds = Datastore.open(ds_path)
-    ctx_len, warm, batches, budgets = 500, 3, (1, 16, 64, 256), (16, 64)
-    rows = []
-    for spec in (DrafterSpec(datastore=str(ds_path)), DrafterSpec(baseline="prompt-lookup")):
-        for b in batches:
-            steps = max(10, (200 if quick else 2000) // b)
-            streams = _streams(pairs, b, ctx_len + warm + steps + 1)
-            for budget in budgets:
-                drafter = make_drafter(spec, ds)
-                for k, p in enumerate(pairs[:64]):  # warm the recent-outputs pool with 64 outputs
-                    drafter.add_request(10_000 + k, p.prompt_ids)
-                    drafter.extend(10_000 + k, p.output_ids)
-                    drafter.remove_request(10_000 + k)
-                rids = list(range(b))
-                for r in rids:
-                    drafter.add_request(r, streams[r][:ctx_len])
-                times = []
-                for s in range(warm + steps):
-                    t0 = time.perf_counter()
-                    drafter.propose(rids, budget=[budget] * b)
-                    dt = time.perf_counter() - t0
-                    if s >= warm:
-                        times.append(dt)
-                    for r in rids:
-                        drafter.extend(r, streams[r][ctx_len + s : ctx_len + s + 1])
-                us = 1e6 * np.asarray(times) / b
-                rows.append(
-                    {
-                        "drafter": spec.label(),
-                        "batch": b,
-                        "budget": budget,
-                        "us_median": float(np.median(us)),
-                        "us_p90": float(np.percentile(us, 90)),
-                        "steps": steps,
-                    }
-                )
-                print(
-                    f"  {spec.label():>32} batch {b:>3} budget {budget}: {np.median(us):8.1f} µs/req/step",
-                    file=sys.stderr,
-                )
+    fused, baseline = DrafterSpec(datastore=str(ds_path)), DrafterSpec(baseline="prompt-lookup")
+    runs = [(spec, b, n) for spec in (fused, baseline) for b in (1, 16, 64, 256) for n in (16, 64)]
+    runs += [
+        (DrafterSpec(sources=(src,), datastore=str(ds_path)), 64, 64)
+        for src in ("input", "datastore", "recent")
+    ]
+    rows, streams = [], {}
+    for spec, b, budget in runs:
+        steps = max(10, (200 if quick else 2000) // b)
+        if b not in streams:
+            streams[b] = _streams(pairs, b, 500 + 3 + steps + 1)
+        rows.append(_time_propose(spec, ds, pairs, streams[b], b, budget, steps))
     return rows
 
 
@@ -159,8 +184,14 @@ def _variants(ds: str) -> list[tuple[str, DrafterSpec, bool]]:
         ("datastore only", DrafterSpec(sources=("datastore",), datastore=ds), True),
         ("recent pool only", DrafterSpec(sources=("recent",), datastore=ds), True),
         ("fused, uncalibrated (identity)", DrafterSpec(calibration="none", datastore=ds), False),
-        ("fused, shipped default table", DrafterSpec(datastore=ds), False),
+        ("fused, shipped default table (fit on even dev pairs)", DrafterSpec(datastore=ds), False),
         ("fused, calibrated (cross-fit)", DrafterSpec(datastore=ds), True),
+        ("fused, calibrated (cross-fit) + online updates", DrafterSpec(datastore=ds, online=True), True),
+        (
+            "fused, uncalibrated start + online updates",
+            DrafterSpec(calibration="none", datastore=ds, online=True),
+            False,
+        ),
         (
             "fused, calibrated, no recent pool",
             DrafterSpec(sources=("input", "datastore"), datastore=ds),
@@ -177,10 +208,7 @@ def bench_mal(pairs, ds_path: Path, budgets: list[int], batch: int) -> list[dict
     for name, spec, crossfit in _variants(str(ds_path)):
         for budget in budgets:
             t0 = time.perf_counter()
-            if crossfit:
-                r = crossfit_simulate(spec, ds, pairs, budget=budget, batch_size=batch)
-            else:
-                r = simulate(make_drafter(spec, ds), pairs, budget=budget, batch_size=batch)
+            r = crossfit_simulate(spec, ds, pairs, budget=budget, batch_size=batch, calibrate=crossfit)
             rows.append(
                 {
                     "drafter": name,
@@ -220,65 +248,21 @@ def bench_allocation(pairs, ds_path: Path, budgets: list[int], batch: int) -> li
     return rows
 
 
-def _md(head: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines)
+def _git_commit() -> str:
+    import subprocess
+
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
 
 
-def report_latency(rows: list[dict]) -> str:
-    drafters = list(dict.fromkeys(r["drafter"] for r in rows))
-    keys = sorted({(r["batch"], r["budget"]) for r in rows})
-    by = {(r["drafter"], r["batch"], r["budget"]): r for r in rows}
-    head = ["batch", "budget", *[f"{d} µs/req/step (median, p90)" for d in drafters]]
-    body = [
-        [str(b), str(n), *[f"{by[d, b, n]['us_median']:.1f} ({by[d, b, n]['us_p90']:.1f})" for d in drafters]]
-        for b, n in keys
-    ]
-    return _md(head, body)
+def _tokens(path: Path) -> int:
+    from sssd.datastore import Datastore
 
-
-def report_mal(rows: list[dict], budgets: list[int]) -> str:
-    names = list(dict.fromkeys(r["drafter"] for r in rows))
-    by = {(r["drafter"], r["budget"]): r for r in rows}
-    head = ["drafter", *[f"MAL @{b}" for b in budgets], *[f"vs bar @{b}" for b in budgets if b in BAR]]
-    body = []
-    for n in names:
-        cells = [n, *[f"{by[n, b]['mal']:.3f}" for b in budgets]]
-        cells += [f"{100 * (by[n, b]['mal'] / BAR[b] - 1):+.1f}%" for b in budgets if b in BAR]
-        body.append(cells)
-    body.append(
-        [
-            "bar: SSSD published",
-            *[f"{BAR[b]:.2f}" if b in BAR else "" for b in budgets],
-            *["" for b in budgets if b in BAR],
-        ]
-    )
-    return _md(head, body)
-
-
-def report_allocation(rows: list[dict]) -> str:
-    by = {(r["budget"], r["allocation"]): r for r in rows}
-    body = []
-    for b in sorted({r["budget"] for r in rows}):
-        even, glob = by[b, "per-request"], by[b, "global"]
-        body.append(
-            [
-                str(b),
-                f"{even['mal']:.3f}",
-                f"{glob['mal']:.3f}",
-                f"{100 * (glob['mal'] / even['mal'] - 1):+.1f}%",
-                f"{even['drafted_per_step']:.1f} / {glob['drafted_per_step']:.1f}",
-            ]
-        )
-    head = [
-        "nodes per request (total = x batch)",
-        "MAL even split",
-        "MAL global",
-        "gain",
-        "nodes used per step (even / global)",
-    ]
-    return _md(head, body)
+    return len(Datastore.open(path))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -287,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="fewer steps / pairs (a smoke run)")
     p.add_argument("--batch-size", type=int, default=16, help="simulated batch for (b) and (c)")
     p.add_argument("--out", type=Path, default=RESULTS / "bench_drafter.json")
+    p.add_argument("--plot", action="store_true", help="also write MAL vs budget as a PNG next to the JSON")
     args = p.parse_args(argv)
     parts = set(args.parts.split(","))
     pairs = load_pairs(DATA / "smollm2_dev_pairs.jsonl", vocab_size=VOCAB)
@@ -295,34 +280,45 @@ def main(argv: list[str] | None = None) -> int:
     budgets = [8, 16, 32, 64]
     import sssd
 
-    out: dict = {
-        "machine": {
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "threads": sssd.max_threads(),
-            "openmp": sssd.has_openmp(),
-        },
-        "pairs": len(pairs),
-        "batch_size": args.batch_size,
+    machine = {
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "omp_threads": sssd.max_threads(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", ""),
+        "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+        "git_commit": _git_commit(),
+        "command": f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')} PYTHONPATH=python:. python3 "
+        + " ".join(sys.argv),
     }
-    if args.out.is_file():  # keep the parts not rerun
-        out = {**json.loads(args.out.read_text()), **out}
-    print(f"# drafter benchmarks ({len(pairs)} pairs, {sssd.max_threads()} threads)\n")
+    out: dict = json.loads(args.out.read_text()) if args.out.is_file() else {}  # keeps parts not rerun
+    out = {k: v for k, v in out.items() if isinstance(v, dict) and "machine" in v}  # older layouts: dropped
     if "a" in parts:
         ds = big_datastore()
-        out["latency"] = {"datastore": ds.name, "rows": bench_latency(pairs, ds, args.quick)}
-        print("## (a) propose latency, µs per request per step, 500-token contexts\n")
-        print(report_latency(out["latency"]["rows"]) + "\n")
+        rows = bench_latency(pairs, ds, args.quick)
+        out[f"latency_omp{sssd.max_threads()}"] = {
+            "machine": machine,
+            "datastore": ds.name,
+            "tokens": _tokens(ds),
+            "rows": rows,
+        }
     if "b" in parts:
-        out["mal"] = bench_mal(pairs, dev_datastore(), budgets, args.batch_size)
-        print(f"## (b) MAL, {len(pairs)} dev pairs, batch {args.batch_size}\n")
-        print(report_mal(out["mal"], budgets) + "\n")
+        rows = bench_mal(pairs, dev_datastore(), budgets, args.batch_size)
+        out["mal"] = {"machine": machine, "pairs": len(pairs), "batch_size": args.batch_size, "rows": rows}
     if "c" in parts:
-        out["allocation"] = bench_allocation(pairs, dev_datastore(), budgets, args.batch_size)
-        print(f"## (c) global vs even allocation, batch {args.batch_size}\n")
-        print(report_allocation(out["allocation"]) + "\n")
+        rows = bench_allocation(pairs, dev_datastore(), budgets, args.batch_size)
+        out["allocation"] = {
+            "machine": machine,
+            "pairs": len(pairs),
+            "batch_size": args.batch_size,
+            "rows": rows,
+        }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1) + "\n")
+    text = render(out, budgets)
+    print(text)
+    args.out.with_suffix(".md").write_text(text)
+    if args.plot and "mal" in out:
+        plot_mal(out["mal"]["rows"], args.out.with_name("mal_vs_budget.png"))
     print(f"results: {args.out}")
     return 0
 

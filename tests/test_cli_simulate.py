@@ -41,8 +41,8 @@ def test_simulate_baseline_prints_a_table_and_json(pairs_file, tmp_path, capsys)
     )
     text = capsys.readouterr().out
     assert rc == 0
-    assert "| budget | MAL | MAL a | MAL b |" in text
-    assert "| 0 | 1.000 |" in text
+    assert "| drafter | budget | MAL | MAL a | MAL b |" in text
+    assert "| prompt-lookup | 0 | 1.000 |" in text
     data = json.loads(out_json.read_text())
     assert [r["budget"] for r in data["results"]] == [0, 4]
     assert data["results"][1]["mal"] > 1.0
@@ -121,12 +121,14 @@ def test_simulate_fused_drafter_with_datastore(pairs_file, datastore_file, tmp_p
         "--details",
         "--json",
         str(out_json),
+        "--compare",
     ]
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert "input+datastore+recent (uncalibrated)" in text and "by source:" in text
-    r = json.loads(out_json.read_text())["results"][0]
+    r, base = json.loads(out_json.read_text())["results"]
     assert r["mal"] >= 1.0 and set(r["by_source"]) <= {"input", "datastore", "pool"}
+    assert base["drafter"] == "prompt-lookup" and "| prompt-lookup | 8 |" in text
 
 
 def test_calibrate_then_simulate_with_the_table(pairs_file, datastore_file, tmp_path, capsys):
@@ -147,6 +149,8 @@ def test_calibrate_then_simulate_with_the_table(pairs_file, datastore_file, tmp_
         "2",
         "--holdout",
         "0.4",
+        "--rounds",
+        "1",
     ]
     assert main(argv) == 0
     text = capsys.readouterr().out
@@ -179,6 +183,7 @@ def test_calibrate_then_simulate_with_the_table(pairs_file, datastore_file, tmp_
         ["simulate", "--sources", "datastore"],  # no --datastore
         ["calibrate", "--output", "/tmp/x.json", "--sources", "input,datastore"],
         ["calibrate", "--output", "/tmp/x.json", "--holdout", "1.5"],
+        ["calibrate", "--output", "/tmp/x.json", "--rounds", "0"],
         ["simulate", "--calibration", "/nonexistent/table.json"],
     ],
 )

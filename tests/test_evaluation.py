@@ -63,5 +63,11 @@ def test_fit_and_crossfit(setup):
     cf = crossfit_simulate(spec, ds, pairs, budget=8, batch_size=4)
     assert cf.num_pairs == len(pairs) and cf.generated_tokens == sum(p.output_ids.size for p in pairs)
     assert cf.mal >= 1.0
+    plain = crossfit_simulate(DrafterSpec(baseline="prompt-lookup"), ds, pairs, budget=8, calibrate=False)
+    assert plain.num_pairs == len(pairs) and plain.steps > 0
+    one_round = fit_calibration(spec, ds, pairs, budget=16, batch_size=4, rounds=1)
+    assert one_round.weights.sum() < table.weights.sum()  # round 2 adds the calibrated drafter's nodes
+    with pytest.raises(ValueError, match="rounds"):
+        fit_calibration(spec, ds, pairs, rounds=0)
     with pytest.raises(ValueError, match="baselines"):
         fit_calibration(DrafterSpec(baseline="prompt-lookup"), None, pairs)

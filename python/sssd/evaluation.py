@@ -104,31 +104,38 @@ def collect_records(
 
 
 def fit_calibration(
-    spec: DrafterSpec, datastore: Any, pairs: Sequence[Pair], *, budget: int = 64, batch_size: int = 16
+    spec: DrafterSpec,
+    datastore: Any,
+    pairs: Sequence[Pair],
+    *,
+    budget: int = 64,
+    batch_size: int = 16,
+    rounds: int = 2,
 ) -> Any:
-    """A table fitted on ``pairs``: replay them with the identity table (raw scores, so every group's
-    raw -> acceptance relation is seen unbent), then fit the monotone maps to the tested nodes."""
+    """A table fitted on ``pairs``. Round 1 replays them with the identity table (raw scores, so every
+    group's raw -> acceptance relation is seen unbent) and fits the monotone maps to the tested nodes;
+    each further round replays with the latest table, so the fit also sees the nodes a calibrated
+    drafter proposes, and refits on all observations so far."""
     from sssd import calibration
 
     if spec.baseline is not None:
         raise ValueError("baselines have no calibration to fit")
-    r = collect_records(
-        spec,
-        datastore,
-        pairs,
-        budget=budget,
-        batch_size=batch_size,
-        table=calibration.CalibrationTable.identity(),
-    )
-    source, depth, match_len, raw, accepted = records_arrays(r.records)
-    return calibration.fit(source, depth, match_len, raw, accepted)
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    table = calibration.CalibrationTable.identity()
+    observed: list[tuple[np.ndarray, ...]] = []
+    for _ in range(rounds):
+        r = collect_records(spec, datastore, pairs, budget=budget, batch_size=batch_size, table=table)
+        observed.append(records_arrays(r.records))
+        table = calibration.fit(*(np.concatenate(cols) for cols in zip(*observed, strict=True)))
+    return table
 
 
 def calibration_error(records: NodeRecords) -> float:
     """ECE of the probabilities the drafter reported for tested nodes against their outcomes."""
-    from sssd.simulate import expected_calibration_error
+    from sssd import calibration
 
-    return expected_calibration_error(records.features["probs"], records.accepted)
+    return calibration.calibration_error(records.features["probs"], records.accepted)
 
 
 _FIT_CACHE: dict[tuple, Any] = {}
@@ -142,24 +149,30 @@ def crossfit_simulate(
     budget: int,
     batch_size: int = 16,
     allocation: str = "per-request",
+    calibrate: bool = True,
     fit_budget: int = 64,
     collect: bool = False,
 ) -> SimulationResult:
     """2-fold cross-fit: fit a table on each half (split_pairs), replay the other half with it, add up.
 
-    Tables are cached per (sources, fold pair ids, fit budget) within the process, so a sweep over
+    ``calibrate=False`` replays the same two halves with the spec's own table (or a baseline), so rows
+    with and without fitting see the same batches and the same recent-outputs pool (one half's
+    outputs). Tables are cached per (sources, fold, fit budget) within the process, so a sweep over
     budgets fits each fold once."""
     halves = split_pairs(pairs, 0.5)
     parts = []
     for fit_on, measure in (halves, halves[::-1]):
         if not fit_on or not measure:
             raise ValueError("cross-fitting needs pairs in both halves (use more pairs)")
-        key = (spec.sources, tuple(p.id for p in fit_on), fit_budget, batch_size, id(datastore))
-        if key not in _FIT_CACHE:
-            _FIT_CACHE[key] = fit_calibration(
-                spec, datastore, fit_on, budget=fit_budget, batch_size=batch_size
-            )
-        drafter = make_drafter(spec, datastore, _FIT_CACHE[key])
+        table = None
+        if calibrate:
+            key = (spec.sources, tuple(p.id for p in fit_on), fit_budget, batch_size, id(datastore))
+            if key not in _FIT_CACHE:
+                _FIT_CACHE[key] = fit_calibration(
+                    spec, datastore, fit_on, budget=fit_budget, batch_size=batch_size
+                )
+            table = _FIT_CACHE[key]
+        drafter = make_drafter(spec, datastore, table)
         parts.append(
             simulate(
                 drafter,

@@ -3,7 +3,9 @@
 The pairs are split (deterministically, by id) into a fitting part and a held-out part. The fitting
 part is replayed with the identity table (raw scores); every draft node whose parent was accepted is
 an observation (source, depth, match length, raw score -> accepted or not), and the monotone maps per
-(source, depth bucket, match-length bucket) are fitted to them. The held-out part is then replayed with
+(source, depth bucket, match-length bucket) are fitted to them. With --rounds 2 (default) the fitting
+part is replayed again with that table and the fit is redone on both rounds' observations, so it also
+sees the nodes a calibrated drafter proposes. The held-out part is then replayed with
 the identity table, the shipped default and the new table: expected calibration error (ECE) of the
 probabilities the drafter reported, and MAL.
 """
@@ -25,6 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sources", type=parse_sources, default=SOURCES, help="input,datastore,recent")
     p.add_argument("--budget", type=int, default=64, help="draft nodes per request while collecting (64)")
     p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--rounds", type=int, default=2, help="replay rounds (1: identity table only; 2)")
     p.add_argument("--holdout", type=float, default=0.3, help="share of pairs held out for the check (0.3)")
     p.add_argument("--subsets", help="comma list of pair subsets to use")
 
@@ -59,7 +62,9 @@ def run(args: argparse.Namespace) -> int:
         f"budget {args.budget}, batch {args.batch_size}"
     )
     t0 = time.perf_counter()
-    table = fit_calibration(spec, ds, fit_on, budget=args.budget, batch_size=args.batch_size)
+    table = fit_calibration(
+        spec, ds, fit_on, budget=args.budget, batch_size=args.batch_size, rounds=args.rounds
+    )
     table.save(args.output)
     n_obs = float(table.weights.sum())
     print(f"fitted on {n_obs:,.0f} tested nodes in {time.perf_counter() - t0:.1f} s -> {args.output}\n")
