@@ -210,10 +210,19 @@ void find_ranges(const TypedShard<Sym, Idx>& sh, const SearchIndex* index, const
     out[s] = Range{0, 0};
     if (top == 0) continue;
     Cursor c{0, top, 0, 0, 0, 0, s, Cursor::kJoint};
-    if (buckets) {  // the bounds lie in [begin, end] of the query's first symbol's samples
-      const uint32_t x = query_end[-lengths[s]];
-      c.lo = index->bucket_begin(x);
-      c.hi = index->bucket_begin(x + 1);
+    if (buckets) {
+      // The samples starting with the query's first symbol (or first two) are known: for queries of
+      // one (two) symbols they are the answer in sample space, for longer ones they bound it.
+      const uint32_t* q = query_end - lengths[s];
+      uint32_t begin = index->bucket_begin(q[0]), end = index->bucket_begin(q[0] + 1);
+      const bool pair = lengths[s] >= 2 && index->pair_range(q[0], q[1], &begin, &end);
+      if (lengths[s] == 1 || (lengths[s] == 2 && pair)) {
+        to_gap(Cursor{begin, begin, 0, 0, 0, 0, s, Cursor::kLower});
+        to_gap(Cursor{end, end, 0, 0, 0, 0, s, Cursor::kUpper});
+        continue;
+      }
+      c.lo = begin;
+      c.hi = end;
       if (c.lo == c.hi) {
         to_gap(c);
         continue;

@@ -75,6 +75,7 @@ Registry& registry() {
 SearchIndex::SearchIndex(const DatastoreView& v, uint64_t stride)
     : stride_(stride), num_samples_((v.header->num_tokens + stride - 1) / stride) {
   const uint64_t sym_bytes = v.header->token_width;
+  keys_bytes_per_symbol_ = static_cast<uint32_t>(sym_bytes);
   bytes_ = num_samples_ * static_cast<uint64_t>(kKeySymbols) * sym_bytes;
   const uint64_t alloc = std::max<uint64_t>((bytes_ + kHugePage - 1) / kHugePage * kHugePage, kHugePage);
   if (posix_memalign(&keys_, kHugePage, static_cast<size_t>(alloc)) != 0) throw std::bad_alloc();
@@ -101,6 +102,31 @@ SearchIndex::SearchIndex(const DatastoreView& v, uint64_t stride)
       if (x + 1 < symbols) ++buckets_[static_cast<size_t>(x + 1)];
     }
     for (size_t x = 1; x < buckets_.size(); ++x) buckets_[x] += buckets_[x - 1];
+    build_pairs();
+  }
+}
+
+void SearchIndex::build_pairs() {
+  auto symbol = [&](uint64_t i, int j) -> uint64_t {
+    return keys_bytes_per_symbol_ == 2 ? keys<uint16_t>()[i * kKeySymbols + j] : keys<uint32_t>()[i * kKeySymbols + j];
+  };
+  // Keys are sorted, so the samples of each pair are contiguous: count the runs, then insert them.
+  uint64_t runs = 0;
+  for (uint64_t i = 0; i < num_samples_; ++i) {
+    if (i == 0 || symbol(i, 0) != symbol(i - 1, 0) || symbol(i, 1) != symbol(i - 1, 1)) ++runs;
+  }
+  uint64_t cap = 1024;
+  while (cap < 2 * runs) cap *= 2;
+  pairs_.assign(static_cast<size_t>(cap), PairSlot{0, 0, 0});
+  pair_mask_ = cap - 1;
+  for (uint64_t i = 0; i < num_samples_;) {
+    uint64_t e = i + 1;
+    while (e < num_samples_ && symbol(e, 0) == symbol(i, 0) && symbol(e, 1) == symbol(i, 1)) ++e;
+    const uint64_t key = pair_key(symbol(i, 0), symbol(i, 1));
+    uint64_t h = pair_hash(key) & pair_mask_;
+    while (pairs_[h].key != 0) h = (h + 1) & pair_mask_;
+    pairs_[h] = PairSlot{key, static_cast<uint32_t>(i), static_cast<uint32_t>(e)};
+    i = e;
   }
 }
 

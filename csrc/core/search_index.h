@@ -40,19 +40,51 @@ class SearchIndex {
   const Sym* keys() const {
     return static_cast<const Sym*>(keys_);
   }
-  uint64_t bytes() const { return bytes_ + 4 * buckets_.size(); }
+  uint64_t bytes() const { return bytes_ + 4 * buckets_.size() + sizeof(PairSlot) * pairs_.size(); }
 
   // Samples whose key starts with symbol x are [bucket_begin(x), bucket_begin(x + 1)); x in [1, vocab].
   // False when the vocabulary is too large for a bucket table (2^20 symbols).
   bool has_buckets() const { return !buckets_.empty(); }
   uint32_t bucket_begin(uint32_t x) const { return buckets_[x]; }
 
+  // Samples whose key starts with the symbols x, y (>= 1) are [*begin, *end); false when there are
+  // none (or no bucket table). A hash table over the distinct first-symbol pairs of the samples.
+  bool pair_range(uint32_t x, uint32_t y, uint32_t* begin, uint32_t* end) const {
+    if (pairs_.empty()) return false;
+    const uint64_t key = pair_key(x, y);
+    for (uint64_t h = pair_hash(key) & pair_mask_;; h = (h + 1) & pair_mask_) {
+      const PairSlot& slot = pairs_[h];
+      if (slot.key == key) {
+        *begin = slot.begin;
+        *end = slot.end;
+        return true;
+      }
+      if (slot.key == 0) return false;
+    }
+  }
+
  private:
   uint64_t stride_;
   uint64_t num_samples_;
   void* keys_ = nullptr;
+  uint32_t keys_bytes_per_symbol_ = 2;
   uint64_t bytes_ = 0;
   std::vector<uint32_t> buckets_;  // [vocab + 2]: first sample whose key's first symbol is >= x
+
+  struct PairSlot {
+    uint64_t key;  // 0: empty (first symbols are >= 1)
+    uint32_t begin, end;
+  };
+  static uint64_t pair_key(uint64_t x, uint64_t y) { return (x << 32) | y; }
+  // splitmix64's finalizer: every key bit affects the low bits used as the slot.
+  static uint64_t pair_hash(uint64_t k) {
+    k = (k ^ (k >> 30)) * 0xBF58476D1CE4E5B9ull;
+    k = (k ^ (k >> 27)) * 0x94D049BB133111EBull;
+    return static_cast<uint64_t>(k ^ (k >> 31));
+  }
+  void build_pairs();
+  std::vector<PairSlot> pairs_;
+  uint64_t pair_mask_ = 0;
 };
 
 // The index of this mapping, built on first use; nullptr when indexing is off or the shard is small.

@@ -68,7 +68,12 @@ class ChildIndex {
   static uint64_t key(int32_t parent, int32_t token) {
     return (static_cast<uint64_t>(static_cast<uint32_t>(parent)) << 32) | static_cast<uint32_t>(token);
   }
-  static size_t hash(uint64_t k) { return static_cast<size_t>((k * 0x9E3779B97F4A7C15ull) >> 20); }
+  // splitmix64's finalizer: every key bit affects the low bits used as the slot.
+  static size_t hash(uint64_t k) {
+    k = (k ^ (k >> 30)) * 0xBF58476D1CE4E5B9ull;
+    k = (k ^ (k >> 27)) * 0x94D049BB133111EBull;
+    return static_cast<size_t>(k ^ (k >> 31));
+  }
 
   std::vector<Slot> slots_;
   uint32_t gen_ = 0;
