@@ -75,13 +75,16 @@ def child_build(name: str, path: str) -> dict:
     }
 
 
-def child_search(name: str, path: str, batches: list[int], num_contexts: int, repeats: int) -> dict:
+def child_search(name: str, path: str, batches: list[int], contexts: int, repeats: int, dev: bool) -> dict:
     from sssd import Datastore, SearchConfig, max_threads
 
     ds = Datastore.open(path)
-    tokens, offsets = corpora.load(name)
-    ctxs = corpora.sample_contexts(tokens, offsets, num_contexts)
-    del tokens, offsets
+    if dev:
+        ctxs = corpora.dev_contexts(contexts)
+    else:
+        tokens, offsets = corpora.load(name)
+        ctxs = corpora.sample_contexts(tokens, offsets, contexts)
+        del tokens, offsets
     cfg = SearchConfig(**SEARCH)
     t0 = time.perf_counter()
     ds.search(ctxs[:1], cfg)  # the first search of a mapping builds its index (csrc/core/search_index.h)
@@ -122,6 +125,7 @@ def run(args: argparse.Namespace) -> dict:
     results = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg": os.getloadavg()},
         "search_config": SEARCH,
+        "contexts": "dev pairs (prompt + output prefix)" if args.dev_contexts else "corpus positions",
         "corpora": {},
     }
     for name in args.corpora:
@@ -132,9 +136,9 @@ def run(args: argparse.Namespace) -> dict:
         r["search"] = {}
         for t in args.threads:
             batches = ",".join(map(str, args.batches))
-            r["search"][t] = _child(
-                ["_search", name, path, batches, str(args.contexts), str(args.repeats)], t
-            )
+            kind = "dev" if args.dev_contexts else "corpus"
+            cmd = ["_search", name, path, batches, str(args.contexts), str(args.repeats), kind]
+            r["search"][t] = _child(cmd, t)
         results["corpora"][name] = r
         print(f"# {name}: done", file=sys.stderr)
     return results
@@ -166,7 +170,8 @@ def main() -> None:
         return
     if len(sys.argv) > 1 and sys.argv[1] == "_search":
         batches = [int(x) for x in sys.argv[4].split(",")]
-        print(json.dumps(child_search(sys.argv[2], sys.argv[3], batches, int(sys.argv[5]), int(sys.argv[6]))))
+        args = [*sys.argv[2:4], batches, int(sys.argv[5]), int(sys.argv[6]), sys.argv[7] == "dev"]
+        print(json.dumps(child_search(*args)))
         return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--corpora", nargs="+", default=["zipf1e6", "zipf1e7", "cpython"])
@@ -174,6 +179,11 @@ def main() -> None:
     ap.add_argument("--batches", nargs="+", type=int, default=[1, 16, 64, 256])
     ap.add_argument("--contexts", type=int, default=1024, help="distinct contexts searched per batch size")
     ap.add_argument("--repeats", type=int, default=3, help="passes over the contexts per batch size")
+    ap.add_argument(
+        "--dev-contexts",
+        action="store_true",
+        help="search live contexts from the dev pairs (/work/shared/data) instead of corpus positions",
+    )
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/datastore-<time>.json)")
     args = ap.parse_args()
     results = run(args)
