@@ -25,6 +25,7 @@ using search_detail::Range;
 
 // Suffix lengths whose ranges are searched together in one lockstep round.
 constexpr int32_t kLengthsPerRound = 16;
+constexpr int32_t kShortLengthsFirst = 4;
 
 // Per-thread buffers, reused across contexts so that a search allocates nothing in the steady state.
 struct Scratch {
@@ -83,8 +84,11 @@ class ContextSearch {
   // kLengthsPerRound lengths spread over the open interval (all of them when it is short enough).
   int32_t longest_match() {
     int32_t lo = p_.min_query_len, hi = max_len_;  // answer in [lo, hi] once total(lo) > 0
-    sc_.lengths.assign(1, lo);
-    pick_lengths(lo, hi, kLengthsPerRound - 1);
+    // First round: the shortest lengths (live contexts mostly match only a few tokens) and the longest
+    // (a context copied from the corpus matches in full); later rounds fill in between.
+    sc_.lengths.clear();
+    for (int32_t len = lo; len <= hi && len < lo + kShortLengthsFirst; ++len) sc_.lengths.push_back(len);
+    if (sc_.lengths.back() != hi) sc_.lengths.push_back(hi);
     for (;;) {
       compute_round();
       if (total(p_.min_query_len) == 0) return 0;
