@@ -128,7 +128,7 @@ def test_ids_above_65535(tmp_path, index_mode):
     rng = np.random.default_rng(1)
     high = [65534, 65535, 65536, 65537, 69999]
     docs = [list(rng.choice([*high, 0, 1, 2], size=int(rng.integers(1, 60)))) for _ in range(40)]
-    contexts = [docs[i][:j] for i in range(0, 40, 3) for j in (1, 2, 4, 9)] + [[69999, 65536], [65535]]
+    contexts = [docs[i][:j] for i in range(0, 40, 5) for j in (1, 2, 4, 9)] + [[69999, 65536], [65535]]
     check(tmp_path, [docs], contexts, CFG, 70_000)
 
 

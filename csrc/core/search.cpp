@@ -145,7 +145,8 @@ class ContextSearch {
       return;
     }
     for (int32_t j = 1; j <= max_count; ++j) {
-      const int32_t len = lo + static_cast<int32_t>((static_cast<int64_t>(width) * j + max_count - 1) / max_count);
+      const int64_t step = (static_cast<int64_t>(width) * j + max_count - 1) / max_count;
+      const int32_t len = lo + static_cast<int32_t>(step);
       if (sc_.lengths.empty() || sc_.lengths.back() != len) sc_.lengths.push_back(len);
     }
   }

@@ -108,7 +108,8 @@ SearchIndex::SearchIndex(const DatastoreView& v, uint64_t stride)
 
 void SearchIndex::build_pairs() {
   auto symbol = [&](uint64_t i, int j) -> uint64_t {
-    return keys_bytes_per_symbol_ == 2 ? keys<uint16_t>()[i * kKeySymbols + j] : keys<uint32_t>()[i * kKeySymbols + j];
+    const uint64_t at = i * kKeySymbols + static_cast<uint64_t>(j);
+    return keys_bytes_per_symbol_ == 2 ? keys<uint16_t>()[at] : keys<uint32_t>()[at];
   };
   // Keys are sorted, so the samples of each pair are contiguous: count the runs, then insert them.
   uint64_t runs = 0;

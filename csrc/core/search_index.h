@@ -2,11 +2,12 @@
 //
 // Every `stride`-th suffix-array entry is sampled and the first kKeySymbols stream symbols of its
 // suffix are stored inline (zero after the document end, like the stream's separator). Binary search
-// first runs over these keys: they are contiguous, cache-resident (0.5 bytes per token at stride 64 for
-// uint16 tokens) and in huge pages when the kernel allows, so it costs no dependent random reads of the
-// mapped file; only the last log2(stride) steps touch the suffix array and the stream. On a large
-// datastore this removes most of the cache and TLB misses of a search. A table of where each first
-// symbol's samples begin lets the search start inside the query's first-symbol bucket.
+// first runs over these keys: they are contiguous (0.5 bytes per token at stride 64 for uint16 tokens)
+// and in huge pages when the kernel allows, so only the last log2(stride) steps read the mapped suffix
+// array and stream. A table of where each first symbol's samples begin (4 bytes per vocabulary entry)
+// and a hash table of the samples' first-symbol pairs (at most 0.5 bytes per token at stride 64) let a
+// search start inside the query's bucket; for 1- and 2-symbol queries they give the answer directly.
+// In all, at most ~1 byte per token (uint16 tokens, stride 64).
 //
 // The index is derived data: it is built on the first search of a mapping (O(n / stride) reads; not at
 // open, which stays O(1)), kept in a process-wide registry keyed by the mapping's address, and dropped

@@ -101,7 +101,8 @@ void insert_run(const TypedShard<Sym, Idx>& sh, const uint64_t* idx, size_t k, i
     sc.starts[i] = start;
     prefetch(sh.stream + start);
   }
-  t.reserve_more(static_cast<int32_t>(std::min<uint64_t>(uint64_t{k} * static_cast<uint64_t>(max_depth), 1 << 16)));
+  const uint64_t most = uint64_t{k} * static_cast<uint64_t>(max_depth);
+  t.reserve_more(static_cast<int32_t>(std::min<uint64_t>(most, 1 << 16)));
   if (sc.path.size() < static_cast<size_t>(max_depth)) {
     sc.path.resize(static_cast<size_t>(max_depth));
     sc.prev.resize(static_cast<size_t>(max_depth));
