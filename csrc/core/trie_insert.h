@@ -93,14 +93,22 @@ struct RunScratch {
 template <class Sym, class Idx>
 void insert_run(const TypedShard<Sym, Idx>& sh, const uint64_t* idx, size_t k, int32_t len, int32_t max_depth,
                 uint64_t vocab, CandidateTrie& t, RunScratch& sc) {
+  // Software pipeline: while continuation i is inserted, the stream of i + kAhead and the suffix-array
+  // entry of i + 2 * kAhead are being fetched (a bounded number of misses in flight: prefetches beyond
+  // what the core can track are dropped).
+  constexpr size_t kAhead = 12;
   sc.starts.resize(k);
-  for (size_t i = 0; i < k; ++i) prefetch(sh.sa + idx[i]);
-  for (size_t i = 0; i < k; ++i) {
+  const uint64_t tail = static_cast<uint64_t>(std::max(max_depth, 1) - 1);
+  auto fetch_entry = [&](size_t i) { prefetch(sh.sa + idx[i]); };
+  auto fetch_stream = [&](size_t i) {
     const uint64_t start = sh.position(idx[i]) + static_cast<uint64_t>(len);
     if (start >= sh.stream_length) throw DatastoreError("corrupt datastore: unsorted suffix array");
     sc.starts[i] = start;
     prefetch(sh.stream + start);
-  }
+    prefetch(sh.stream + start + tail);  // the continuation may cross a cache line
+  };
+  for (size_t i = 0; i < k && i < 2 * kAhead; ++i) fetch_entry(i);
+  for (size_t i = 0; i < k && i < kAhead; ++i) fetch_stream(i);
   const uint64_t most = uint64_t{k} * static_cast<uint64_t>(max_depth);
   t.reserve_more(static_cast<int32_t>(std::min<uint64_t>(most, 1 << 16)));
   if (sc.path.size() < static_cast<size_t>(max_depth)) {
@@ -114,6 +122,8 @@ void insert_run(const TypedShard<Sym, Idx>& sh, const uint64_t* idx, size_t k, i
   uint32_t* prev = sc.prev.data();
   int32_t prev_len = 0;
   for (size_t i = 0; i < k; ++i) {
+    if (i + 2 * kAhead < k) fetch_entry(i + 2 * kAhead);
+    if (i + kAhead < k) fetch_stream(i + kAhead);
     const Sym* s = sh.stream + sc.starts[i];
     t.counts[0] += 1;
     int32_t d = 0, node = 0;
