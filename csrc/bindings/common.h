@@ -6,6 +6,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <memory>
 #include <string>
 
 #include "core/datastore.h"
@@ -30,14 +31,24 @@ inline sssd::TokenSpan int32_span(py::handle h, const std::string& what) {
 
 // Wraps an optional Python callable(phase, done, total) for use with the GIL released. Checks for
 // pending signals (Ctrl-C) on every call so long builds can be interrupted.
+//
+// The core copies and destroys ProgressFn objects while the GIL is released, so the std::function must
+// not own a py::object directly (its copy/destructor would touch Python reference counts without the
+// GIL). It holds a shared_ptr instead: copies only touch the atomic use count, and the deleter that
+// drops the Python reference takes the GIL first.
 inline sssd::ProgressFn progress_fn(py::object cb) {
-  return [cb](const char* phase, uint64_t done, uint64_t total) {
+  std::shared_ptr<py::object> held(new py::object(std::move(cb)), [](py::object* p) {
+    py::gil_scoped_acquire gil;
+    delete p;
+  });
+  return [held](const char* phase, uint64_t done, uint64_t total) {
     py::gil_scoped_acquire gil;
     if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-    if (!cb.is_none()) cb(phase, done, total);
+    if (!held->is_none()) (*held)(phase, done, total);
   };
 }
 
 void bind_datastore(py::module_& m);
+void bind_drafter(py::module_& m);
 
 }  // namespace sssd_py

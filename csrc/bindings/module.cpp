@@ -5,11 +5,18 @@
 
 namespace py = pybind11;
 
+namespace sssd_py {
+void bind_tree_attention_emulation(py::module_& m);  // tree_attention_emulate_bindings.cpp
+}
+
 PYBIND11_MODULE(_core, m) {
   m.doc() = "sssd native core (C++17): datastore, suffix arrays, search";
   m.def("has_openmp", &sssd::have_openmp, "True when the core was built with OpenMP.");
   m.def("max_threads", &sssd::max_threads, "Threads the core's parallel loops use.");
-  static py::exception<sssd::DatastoreError> datastore_error(m, "DatastoreError", PyExc_Exception);
+  // register_exception both creates sssd._core.DatastoreError and translates the C++ exception to it;
+  // a bare py::exception<> object only creates the class, and the C++ error would surface as the
+  // RuntimeError of its std::runtime_error base.
+  py::register_exception<sssd::DatastoreError>(m, "DatastoreError", PyExc_Exception);
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
@@ -22,4 +29,6 @@ PYBIND11_MODULE(_core, m) {
     }
   });
   sssd_py::bind_datastore(m);
+  sssd_py::bind_drafter(m);
+  sssd_py::bind_tree_attention_emulation(m);
 }

@@ -53,9 +53,15 @@ void DatastoreBuilder::add_documents(const T* tokens, int64_t num_tokens, const 
   }
   auto append = [&](auto& stream) {
     using Sym = typename std::remove_reference_t<decltype(stream)>::value_type;
-    stream.reserve(stream.size() + static_cast<size_t>(num_tokens + num_docs));
+    // Grow geometrically: an exact reserve per chunk would reallocate (and copy the whole stream) on
+    // every call when documents arrive in many small chunks.
+    const size_t need = stream.size() + static_cast<size_t>(num_tokens + num_docs);
+    if (need > stream.capacity()) stream.reserve(std::max(need, stream.capacity() * 2));
     for (int64_t k = 0; k < num_docs; ++k) {
-      for (int64_t i = offsets[k]; i < offsets[k + 1]; ++i) stream.push_back(static_cast<Sym>(tokens[i] + 1));
+      for (int64_t i = offsets[k]; i < offsets[k + 1]; ++i) {
+        // Widen before adding 1: an int32 id may be INT32_MAX when vocab_size allows it.
+        stream.push_back(static_cast<Sym>(static_cast<uint64_t>(tokens[i]) + 1));
+      }
       stream.push_back(0);
       doc_offsets_.push_back(stream.size());
     }
@@ -116,13 +122,36 @@ class TempFile {
   bool committed_ = false;
 };
 
+// SA-IS needs a bucket array as large as its alphabet, so the alphabet is the largest symbol present,
+// not vocab_size + 1. Ids far above the stream length (a huge vocab_size used sparsely) are first mapped
+// to their ranks among the distinct symbols: the order, hence the suffix array, is the same, and the
+// buckets stay as small as the text (a 2^32 alphabet would need 16-32 GB of buckets, and does not fit
+// an int32 index at all).
+template <class Sym, class Idx>
+void sort_suffixes(const std::vector<Sym>& stream, Idx* sa) {
+  const auto n = static_cast<int64_t>(stream.size());
+  const uint64_t alphabet = uint64_t{*std::max_element(stream.begin(), stream.end())} + 1;
+  if (alphabet <= std::max<uint64_t>(stream.size(), uint64_t{1} << 17)) {
+    build_suffix_array(stream.data(), sa, n, static_cast<int64_t>(alphabet));
+    return;
+  }
+  std::vector<uint32_t> distinct(stream.begin(), stream.end());
+  std::sort(distinct.begin(), distinct.end());
+  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+  std::vector<uint32_t> ranks(stream.size());
+  for (size_t i = 0; i < stream.size(); ++i) {
+    ranks[i] = static_cast<uint32_t>(std::lower_bound(distinct.begin(), distinct.end(), stream[i]) -
+                                     distinct.begin());
+  }
+  build_suffix_array(ranks.data(), sa, n, static_cast<int64_t>(distinct.size()));
+}
+
 template <class Sym, class Idx>
 void sort_and_write(TempFile& out, const DatastoreHeader& h, const std::vector<Sym>& stream,
                     const ProgressFn& progress) {
   std::vector<Idx> sa(stream.size());
   progress("sorting suffixes", 0, 1);
-  build_suffix_array(stream.data(), sa.data(), static_cast<int64_t>(stream.size()),
-                     static_cast<int64_t>(h.vocab_size + 1));
+  sort_suffixes(stream, sa.data());
   progress("sorting suffixes", 1, 1);
   // Separators (symbol 0) are the smallest symbols, so their suffixes fill the first num_documents
   // slots; the datastore indexes real tokens only.

@@ -14,7 +14,8 @@ using ProgressFn = std::function<void(const char* phase, uint64_t done, uint64_t
 
 // Collects documents in memory (as the stream: token + 1, 0 after each document), then sorts the
 // suffixes and writes the file atomically. Memory: token_width bytes per token while collecting; the
-// suffix array (4 or 8 bytes per token) and SA-IS workspace (about 1.5 bytes per token) while finishing.
+// suffix array (4 or 8 bytes per token) and SA-IS workspace (about 1.5 bytes per token) while finishing
+// (plus 8 bytes per token when ids far above the stream length force a rank-mapped copy of the stream).
 class DatastoreBuilder {
  public:
   DatastoreBuilder(uint64_t vocab_size, std::string fingerprint, bool force_sa64 = false);

@@ -7,17 +7,20 @@ namespace sssd {
 
 uint64_t fnv1a64(const void* data, size_t n) {
   const auto* p = static_cast<const unsigned char*>(data);
-  uint64_t h = 1469598103934665603ull;
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64 offset basis
   for (size_t i = 0; i < n; ++i) {
     h ^= p[i];
-    h *= 1099511628211ull;
+    h *= 0x100000001b3ull;  // FNV 64 prime
   }
   return h;
 }
 
 uint32_t token_width_for_vocab(uint64_t vocab_size) {
   if (vocab_size == 0) throw std::invalid_argument("vocab_size must be at least 1");
-  if (vocab_size > kMaxVocabUint32) throw std::invalid_argument("vocab_size is too large");
+  if (vocab_size > kMaxVocab) {
+    throw std::invalid_argument("vocab_size " + std::to_string(vocab_size) +
+                                " is too large: token ids must fit int32 (vocab_size <= 2^31)");
+  }
   return vocab_size <= kMaxVocabUint16 ? 2 : 4;
 }
 
@@ -87,7 +90,7 @@ void validate_header(const DatastoreHeader& h, uint64_t actual_file_size) {
     throw DatastoreError("datastore is truncated or corrupt: header says " + std::to_string(h.file_size) +
                          " bytes, file has " + std::to_string(actual_file_size));
   }
-  if (h.vocab_size == 0 || h.vocab_size > kMaxVocabUint32) {
+  if (h.vocab_size == 0 || h.vocab_size > kMaxVocab) {
     throw DatastoreError("datastore header: invalid vocab_size");
   }
   if (h.token_width != token_width_for_vocab(h.vocab_size)) {

@@ -31,9 +31,14 @@ constexpr char kDatastoreMagic[8] = {'S', 'S', 'S', 'D', 'S', 'T', 'O', 'R'};
 constexpr uint32_t kDatastoreVersion = 1;
 constexpr size_t kFingerprintBytes = 120;
 constexpr uint64_t kSectionAlign = 64;
-// uint16 symbols hold tokens 0..65534 (stored as 1..65535); larger vocabularies use uint32.
+// Token width: the stream stores token t as the symbol t + 1 (0 is the document separator), so uint16
+// symbols hold tokens 0..65534 only. A datastore therefore uses uint16 iff vocab_size <= 65535 and uint32
+// otherwise (vocab_size 65536 has the id 65535, stored as 65536). This is one less than the "vocab <=
+// 65536" of the design; it is the price of an in-band separator that sorts below every token.
 constexpr uint64_t kMaxVocabUint16 = 65535;
-constexpr uint64_t kMaxVocabUint32 = 0xFFFFFFFEull;
+// Token ids travel as int32 everywhere (contexts, tries, document()), so ids stop at INT32_MAX: the
+// largest vocabulary is 2^31 (stored symbols up to 2^31 still fit the uint32 stream).
+constexpr uint64_t kMaxVocab = uint64_t{1} << 31;
 
 struct DatastoreHeader {
   char magic[8];

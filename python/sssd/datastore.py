@@ -185,6 +185,16 @@ class Datastore:
     def num_shards(self) -> int:
         return len(self._shards)
 
+    @property
+    def shards(self) -> tuple[Any, ...]:
+        """The native shard handles (``sssd._core.Datastore``, one per file, in search order).
+
+        Public so other native components (the drafter) can pass them to their own C++ calls, which
+        search them as one datastore exactly like :meth:`search`. Treat them as read-only; they stay
+        valid (mapped) while any reference to them is alive.
+        """
+        return tuple(self._shards)
+
     def info(self) -> DatastoreInfo:
         return DatastoreInfo(
             paths=tuple(str(s.path) for s in self._shards),

@@ -1,0 +1,130 @@
+"""Serving benchmark workload and metrics, shared by the simulated and the real mode.
+
+A workload is a list of requests arriving as a Poisson process at a given rate (requests/s), each
+taking a (prompt, output) pair and, for SLO runs, a TPOT target class. Metrics per finished request:
+latency (arrival → last token), TPOT ((last token − first token) / (tokens − 1)), and whether the TPOT
+target was met.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# Policies compared by the benchmark: name -> (mode, budget, use SLO targets).
+POLICIES: dict[str, tuple[str, int, bool]] = {
+    "no-spec": ("fixed", 0, False),
+    "fixed-8": ("fixed", 8, False),
+    "fixed-16": ("fixed", 16, False),
+    "fixed-64": ("fixed", 64, False),
+    "adaptive": ("adaptive", 64, False),
+    "adaptive+slo": ("adaptive", 64, True),
+}
+
+
+@dataclass(frozen=True)
+class Arrival:
+    rid: int
+    arrival_s: float
+    pair: int  # index into the pair list
+    slo_class: str  # "tight" | "relaxed"
+    tpot_target_s: float
+
+
+@dataclass
+class Finished:
+    rid: int
+    arrival_s: float
+    first_token_s: float
+    finish_s: float
+    tokens: int
+    slo_class: str
+    tpot_target_s: float
+
+    @property
+    def latency_s(self) -> float:
+        return self.finish_s - self.arrival_s
+
+    @property
+    def tpot_s(self) -> float:
+        if self.tokens <= 1:
+            return self.finish_s - self.first_token_s
+        return (self.finish_s - self.first_token_s) / (self.tokens - 1)
+
+
+def poisson_workload(
+    n_pairs: int,
+    rate: float,
+    n_requests: int,
+    *,
+    seed: int = 0,
+    tight_frac: float = 0.2,
+    tight_tpot_s: float = 0.05,
+    relaxed_tpot_s: float = 0.2,
+) -> list[Arrival]:
+    """``n_requests`` arrivals at ``rate`` per second (exponential gaps), pairs drawn without
+    replacement (cycling), a ``tight_frac`` share of them in the tight TPOT class."""
+    if rate <= 0 or n_requests < 1 or n_pairs < 1:
+        raise ValueError("rate, n_requests and n_pairs must be positive")
+    rng = np.random.default_rng(seed)
+    t = np.cumsum(rng.exponential(1.0 / rate, n_requests))
+    order = np.concatenate([rng.permutation(n_pairs) for _ in range(-(-n_requests // n_pairs))])
+    tight = rng.random(n_requests) < tight_frac
+    return [
+        Arrival(
+            rid=i,
+            arrival_s=float(t[i]),
+            pair=int(order[i]),
+            slo_class="tight" if tight[i] else "relaxed",
+            tpot_target_s=tight_tpot_s if tight[i] else relaxed_tpot_s,
+        )
+        for i in range(n_requests)
+    ]
+
+
+@dataclass
+class StepLog:
+    batch_size: list[int] = field(default_factory=list)
+    budget: list[int] = field(default_factory=list)
+    step_s: list[float] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+    expected: list[float] = field(default_factory=list)
+
+    def add(self, batch_size: int, budget: int, step_s: float, accepted: int, expected: float) -> None:
+        self.batch_size.append(batch_size)
+        self.budget.append(budget)
+        self.step_s.append(step_s)
+        self.accepted.append(accepted)
+        self.expected.append(expected)
+
+
+def summarize(done: list[Finished], steps: StepLog | None = None) -> dict:
+    """Mean/p90 latency and TPOT, throughput (output tokens / makespan) and attainment per class."""
+    if not done:
+        return {"requests": 0}
+    lat = np.array([d.latency_s for d in done])
+    tpot = np.array([d.tpot_s for d in done])
+    tokens = sum(d.tokens for d in done)
+    span = max(d.finish_s for d in done) - min(d.arrival_s for d in done)
+    out = {
+        "requests": len(done),
+        "tokens": tokens,
+        "mean_latency_s": float(lat.mean()),
+        "p90_latency_s": float(np.percentile(lat, 90)),
+        "mean_tpot_s": float(tpot.mean()),
+        "p90_tpot_s": float(np.percentile(tpot, 90)),
+        "throughput_tok_s": tokens / span if span > 0 else float("nan"),
+    }
+    for cls in ("tight", "relaxed"):
+        sel = [d for d in done if d.slo_class == cls]
+        out[f"attain_{cls}"] = (
+            float(np.mean([d.tpot_s <= d.tpot_target_s for d in sel])) if sel else float("nan")
+        )
+    if steps is not None and steps.step_s:
+        out["steps"] = len(steps.step_s)
+        out["mean_budget"] = float(np.mean(steps.budget))
+        out["mean_batch"] = float(np.mean(steps.batch_size))
+        exp = float(np.sum(steps.expected))
+        out["accept_ratio"] = float(np.sum(steps.accepted)) / exp if exp > 0 else float("nan")
+    return out

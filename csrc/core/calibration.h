@@ -1,0 +1,54 @@
+// Calibration of raw node scores: a monotone piecewise-linear map raw -> p per group (source, depth
+// bucket, match-length bucket), on fixed knots x_k = k / (K - 1) (fixed spacing: nothing to validate
+// per update). Online updates add soft-binned observations to the knots' (successes, weights) and refit
+// only the touched groups with pool-adjacent-violators, so an update costs O(observations + touched
+// groups * K). The Python side (sssd.calibration) owns the JSON format and the offline fit.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+namespace sssd {
+
+constexpr int32_t kNumSources = 3;  // 0 input, 1 datastore, 2 recent-outputs pool
+
+class Calibration {
+ public:
+  // Identity map (p = raw) with the given buckets. depth_edges / match_edges are the lower bounds of
+  // the buckets (increasing, first <= 1); num_knots >= 2.
+  Calibration(std::vector<int32_t> depth_edges, std::vector<int32_t> match_edges, int32_t num_knots);
+  Calibration() : Calibration({1, 2, 3, 4, 6}, {1, 2, 3, 5, 9, 17}, 11) {}
+
+  int32_t num_depth() const { return static_cast<int32_t>(depth_edges_.size()); }
+  int32_t num_match() const { return static_cast<int32_t>(match_edges_.size()); }
+  int32_t num_knots() const { return num_knots_; }
+  int64_t table_size() const { return static_cast<int64_t>(values_.size()); }
+  const std::vector<int32_t>& depth_edges() const { return depth_edges_; }
+  const std::vector<int32_t>& match_edges() const { return match_edges_; }
+  const std::vector<float>& values() const { return values_; }       // [S, D, M, K]
+  const std::vector<double>& weights() const { return weights_; }    // [S, D, M, K]
+  const std::vector<double>& successes() const { return successes_; }
+
+  // Replaces the table: values (monotone per group after refit) with prior weights. Sizes must match.
+  void set(const std::vector<float>& values, const std::vector<double>& weights);
+
+  int32_t group(int32_t source, int32_t depth, int32_t match_len) const;
+  float apply(int32_t source, int32_t depth, int32_t match_len, float raw) const;
+
+  // Adds one observation (accepted = 0/1) with the given weight; the group is refit by refit_dirty().
+  void observe(int32_t source, int32_t depth, int32_t match_len, float raw, float accepted, double weight = 1.0);
+  void refit_dirty();
+
+ private:
+  void refit(int32_t g);
+  std::vector<int32_t> depth_edges_, match_edges_;
+  int32_t num_knots_;
+  std::vector<float> values_;
+  std::vector<double> weights_, successes_;
+  std::vector<uint8_t> dirty_;
+  std::vector<int32_t> dirty_list_;
+};
+
+// Pool-adjacent-violators: the non-decreasing sequence closest to y in weighted least squares.
+void isotonic_fit(const double* y, const double* w, int32_t n, double* out);
+
+}  // namespace sssd

@@ -1,0 +1,57 @@
+// Fusion of the sources' candidate tries into one scored tree, and best-first selection in it.
+//
+// Each source's counts become raw estimates raw(v) = count(v) / (count(parent) + alpha) (alpha > 0 makes
+// a continuation seen once less certain than one seen a hundred times); the calibration maps them to
+// p_s(v); the fused p(v) is the largest p_s(v) over the sources that propose v (its "winner" source,
+// whose features are kept for calibration) or their noisy-or; siblings are scaled down when their p sum
+// exceeds 1. f(v) = product of p along the path from the root.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/calibration.h"
+#include "core/candidate_trie.h"
+
+namespace sssd {
+
+struct FusionParams {
+  float alpha = 1.0f;       // count smoothing of raw estimates
+  bool noisy_or = false;    // fuse sources with 1 - prod(1 - p_s) instead of max_s p_s
+  int32_t max_depth = 8;    // deeper candidates are dropped
+};
+
+struct CandidateTree {
+  std::vector<int32_t> tokens, parents, depth, match_len;  // [size()]
+  std::vector<float> p, raw;                               // [size()] fused p(v|parent); winner's raw
+  std::vector<double> f;                                   // [size()] accumulated probability
+  std::vector<int8_t> source;                              // [size()] winner source (-1 for the root)
+  std::vector<uint8_t> source_mask;                        // [size()] bit s: source s proposed v
+  std::vector<int32_t> first_child, next_sibling;
+
+  void reset(int32_t root_token);
+  int32_t size() const { return static_cast<int32_t>(tokens.size()); }
+  int32_t child(int32_t node, int32_t token);  // finds or creates
+};
+
+// tries[s] may be null (source off). Calibration may be null (p_s = raw).
+void fuse(const CandidateTrie* const tries[kNumSources], const Calibration* cal, const FusionParams& params,
+          CandidateTree& out);
+
+// Best-first selection: the non-root nodes of a connected subtree containing the root, in the order a
+// greedy by f takes them (ties: lower index first), at most `cap` nodes, depth <= max_depth, at most
+// max_width nodes per depth level (<= 0: no limit). Without the width limit the first k of the sequence
+// maximize the sum of f over all connected subtrees of k non-root nodes (f never increases along a
+// path). f values along the sequence never increase. parents[i] < i, node 0 is the root.
+void select_sequence(const int32_t* parents, const double* f, const int32_t* depth, int32_t n, int32_t cap,
+                     int32_t max_depth, int32_t max_width, std::vector<int32_t>& seq);
+
+// Batch-wide allocation: seq_f[i] (non-increasing, len[i] entries) are the f values of tree i's greedy
+// sequence. Returns in `order` the tree taking each rank 0, 1, ..., at most `budget` ranks.
+// Without targets: a merge by f (joint greedy; ties to the lower tree index) -- maximizes the total f.
+// With targets (tpot[i] > 0 seconds per token; <= 0 or NaN: none): first, while some request is short
+// (need_i = (step_time + slack) / tpot[i] - (1 + sum of its taken f) > 0), give the next node of the
+// request with the largest need; then merge by f.
+void allocate_budget(const std::vector<const double*>& seq_f, const std::vector<int32_t>& len, int64_t budget,
+                     const double* tpot, double step_time, double slack, std::vector<int32_t>& order);
+
+}  // namespace sssd

@@ -1,0 +1,299 @@
+#include "core/drafter.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <unordered_set>
+
+#include "core/parallel.h"
+
+namespace sssd {
+
+namespace {
+void check_match(const MatchParams& m, const char* what) {
+  const std::string w(what);
+  if (m.max_match < 1) throw std::invalid_argument(w + " max_match must be >= 1");
+  if (m.min_n < 1) throw std::invalid_argument(w + " min_n must be >= 1");
+  if (m.min_occurrences < 0) throw std::invalid_argument(w + " min_occurrences must be >= 0");
+  if (m.max_samples < 0) throw std::invalid_argument(w + " max_samples must be >= 0");
+  if (m.max_chain < 1) throw std::invalid_argument(w + " max_chain must be >= 1");
+}
+}  // namespace
+
+void validate_drafter_params(const DrafterParams& p) {
+  if (p.index_max_n < 1 || p.index_max_n > 16) throw std::invalid_argument("index_max_n must be in [1, 16]");
+  check_match(p.input, "input");
+  check_match(p.pool, "pool");
+  validate_search_params(p.search);
+  if (!(p.fusion.alpha >= 0.0f)) throw std::invalid_argument("alpha must be >= 0");
+  if (p.max_depth < 1 || p.max_depth > 64) throw std::invalid_argument("max_depth must be in [1, 64]");
+  if (p.max_tree_nodes < 0) throw std::invalid_argument("max_tree_nodes must be >= 0");
+  if (p.pool_max_tokens < 0) throw std::invalid_argument("pool_max_tokens must be >= 0");
+}
+
+Drafter::Drafter(const DrafterParams& params, std::vector<DatastoreView> shards)
+    : params_(params), shards_(std::move(shards)), pool_(params.index_max_n, params.pool_max_tokens) {
+  validate_drafter_params(params_);
+  params_.fusion.max_depth = params_.max_depth;
+  params_.input.max_depth = params_.pool.max_depth = params_.search.max_depth = params_.max_depth;
+  if (!shards_.empty()) {
+    const uint64_t v = shards_[0].header->vocab_size;
+    if (params_.vocab_size == 0 || v < params_.vocab_size) params_.vocab_size = v;
+  }
+}
+
+void Drafter::check_tokens(const int32_t* tokens, int64_t n) const {
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t t = tokens[i];
+    if (t < 0 || (params_.vocab_size > 0 && static_cast<uint64_t>(t) >= params_.vocab_size)) {
+      throw std::invalid_argument("token id " + std::to_string(t) + " at index " + std::to_string(i) +
+                                  " is outside the vocabulary [0, " + std::to_string(params_.vocab_size) + ")");
+    }
+  }
+}
+
+Drafter::Request& Drafter::get(int64_t rid) {
+  auto it = requests_.find(rid);
+  if (it == requests_.end()) throw std::out_of_range("unknown request id " + std::to_string(rid));
+  return it->second;
+}
+
+void Drafter::append(Request& r, const int32_t* tokens, int64_t n) {
+  if (params_.use_input) r.index.append(tokens, n); else r.plain.insert(r.plain.end(), tokens, tokens + n);
+}
+
+void Drafter::add_request(int64_t rid, const int32_t* tokens, int64_t n) {
+  if (n <= 0) throw std::invalid_argument("prompt of request " + std::to_string(rid) + " is empty");
+  check_tokens(tokens, n);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (requests_.count(rid)) throw std::invalid_argument("request id " + std::to_string(rid) + " already exists");
+  Request r(params_.index_max_n);
+  append(r, tokens, n);
+  r.prompt_len = n;
+  requests_.emplace(rid, std::move(r));
+}
+
+void Drafter::extend(int64_t rid, const int32_t* tokens, int64_t n) {
+  check_tokens(tokens, n);
+  std::lock_guard<std::mutex> lock(mutex_);
+  Request& r = get(rid);
+  append(r, tokens, n);
+  Pending& q = r.pending;
+  if (q.context_len >= 0 && static_cast<int64_t>(r.context(params_.use_input).size()) >= q.context_len + q.accepted) {
+    const TreeView t{q.tokens.data(), q.parents.data(), q.source.data(), q.depth.data(),
+                     q.match_len.data(), q.raw.data(), static_cast<int32_t>(q.tokens.size())};
+    record(r, t, q.context_len, q.accepted, false);
+    cal_.refit_dirty();
+    q.context_len = -1;
+  }
+}
+
+void Drafter::remove_request(int64_t rid, bool add_output_to_pool) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Request& r = get(rid);
+  if (add_output_to_pool && params_.use_pool) {
+    const auto& c = r.context(params_.use_input);
+    pool_.add(c.data() + r.prompt_len, static_cast<int64_t>(c.size()) - r.prompt_len, ++stamp_);
+  }
+  requests_.erase(rid);
+}
+
+void Drafter::add_to_pool(const int32_t* tokens, int64_t n) {
+  check_tokens(tokens, n);
+  std::lock_guard<std::mutex> lock(mutex_);
+  pool_.add(tokens, n, ++stamp_);
+}
+
+bool Drafter::has_request(int64_t rid) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return requests_.count(rid) != 0;
+}
+int64_t Drafter::num_requests() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return static_cast<int64_t>(requests_.size());
+}
+int64_t Drafter::context_length(int64_t rid) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return static_cast<int64_t>(get(rid).context(params_.use_input).size());
+}
+int64_t Drafter::pool_tokens() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return pool_.live_tokens();
+}
+Calibration Drafter::calibration() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return cal_;
+}
+void Drafter::set_calibration(const Calibration& c) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  cal_ = c;
+}
+
+void Drafter::draft_one(const Request& r, int32_t cap, Scratch& s) const {
+  const std::vector<int32_t>& ctx = r.context(params_.use_input);
+  const auto len = static_cast<int64_t>(ctx.size());
+  const CandidateTrie* tries[kNumSources] = {nullptr, nullptr, nullptr};
+  s.docs_used.clear();
+  if (params_.use_input) {
+    s.tries[0].reset(ctx.back());
+    r.index.find(ctx.data(), len, len - 1, params_.input, s.occ);
+    r.index.add_continuations(s.occ, params_.input, s.tries[0], nullptr);
+    tries[0] = &s.tries[0];
+  }
+  if (params_.use_datastore && !shards_.empty()) {
+    search_context(shards_, TokenSpan{ctx.data(), len}, params_.search, s.tries[1]);
+    tries[1] = &s.tries[1];
+  }
+  if (params_.use_pool && pool_.live_tokens() > 0) {
+    s.tries[2].reset(ctx.back());
+    pool_.index().find(ctx.data(), len, pool_.index().size(), params_.pool, s.occ);
+    pool_.index().add_continuations(s.occ, params_.pool, s.tries[2], &s.docs_used);
+    tries[2] = &s.tries[2];
+  }
+  if (tries[0] == nullptr && tries[1] == nullptr && tries[2] == nullptr) {
+    s.tries[0].reset(ctx.back());
+    tries[0] = &s.tries[0];
+  }
+  fuse(tries, params_.calibrated ? &cal_ : nullptr, params_.fusion, s.tree);
+  select_sequence(s.tree.parents.data(), s.tree.f.data(), s.tree.depth.data(), s.tree.size(), cap,
+                  params_.max_depth, params_.max_width, s.seq);
+  s.seq_f.resize(s.seq.size());
+  for (size_t k = 0; k < s.seq.size(); ++k) s.seq_f[k] = s.tree.f[static_cast<size_t>(s.seq[k])];
+}
+
+void Drafter::propose(const int64_t* rids, int64_t b, const int64_t* budgets, bool per_request, const double* tpot,
+                      double step_time, double slack, ProposeOutput& out) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<const Request*> reqs(static_cast<size_t>(b));
+  std::unordered_set<int64_t> seen;
+  for (int64_t i = 0; i < b; ++i) {
+    if (!seen.insert(rids[i]).second) throw std::invalid_argument("request id " + std::to_string(rids[i]) + " appears twice in the batch");
+    reqs[static_cast<size_t>(i)] = &get(rids[i]);
+  }
+  const int64_t global = per_request ? 0 : budgets[0];
+  if (static_cast<int64_t>(scratch_.size()) < b) scratch_.resize(static_cast<size_t>(b));
+  parallel_for(b, [&](int64_t i) {
+    const int64_t want = per_request ? budgets[i] : global;
+    const auto cap = static_cast<int32_t>(std::min<int64_t>(want, params_.max_tree_nodes));
+    draft_one(*reqs[static_cast<size_t>(i)], cap, scratch_[static_cast<size_t>(i)]);
+  });
+  std::vector<const double*> seq_f(static_cast<size_t>(b));
+  std::vector<int32_t> lens(static_cast<size_t>(b));
+  int64_t total = 0;
+  for (int64_t i = 0; i < b; ++i) {
+    seq_f[static_cast<size_t>(i)] = scratch_[static_cast<size_t>(i)].seq_f.data();
+    lens[static_cast<size_t>(i)] = static_cast<int32_t>(scratch_[static_cast<size_t>(i)].seq.size());
+    total += lens[static_cast<size_t>(i)];
+  }
+  std::vector<int32_t> order;
+  allocate_budget(seq_f, lens, per_request ? total : global, tpot, step_time, slack, order);
+
+  // Nodes of tree i: the root, then the first taken[i] of its sequence (connected, parents first).
+  std::vector<int32_t> taken(static_cast<size_t>(b), 0), rank_of;
+  std::vector<std::vector<int32_t>> ranks(static_cast<size_t>(b));
+  for (size_t r = 0; r < order.size(); ++r) ranks[static_cast<size_t>(order[r])].push_back(static_cast<int32_t>(r));
+  const size_t n_total = static_cast<size_t>(b) + order.size();
+  out = ProposeOutput();
+  out.tokens.reserve(n_total);
+  out.offsets.assign(1, 0);
+  out.gain.assign(1, 0.0);
+  std::vector<double> f_of_rank(order.size());
+  std::vector<int32_t> local;
+  for (int64_t i = 0; i < b; ++i) {
+    const Scratch& s = scratch_[static_cast<size_t>(i)];
+    const CandidateTree& t = s.tree;
+    const auto& rk = ranks[static_cast<size_t>(i)];
+    local.assign(static_cast<size_t>(t.size()), -1);
+    auto emit = [&](int32_t v, int32_t parent, int32_t rank) {
+      local[static_cast<size_t>(v)] = static_cast<int32_t>(out.tokens.size() - static_cast<size_t>(out.offsets.back()));
+      out.tokens.push_back(t.tokens[v]);
+      out.parents.push_back(parent);
+      out.depth.push_back(t.depth[v]);
+      out.match_len.push_back(t.match_len[v]);
+      out.rank.push_back(rank);
+      out.probs.push_back(t.p[v]);
+      out.raw.push_back(t.raw[v]);
+      out.acc.push_back(static_cast<float>(t.f[v]));
+      out.source.push_back(t.source[v]);
+      out.source_mask.push_back(t.source_mask[v]);
+    };
+    emit(0, -1, -1);
+    for (size_t k = 0; k < rk.size(); ++k) {
+      const int32_t v = s.seq[k];
+      emit(v, local[static_cast<size_t>(t.parents[v])], rk[k]);
+      f_of_rank[static_cast<size_t>(rk[k])] = t.f[v];
+    }
+    out.offsets.push_back(static_cast<int64_t>(out.tokens.size()));
+    out.context_len.push_back(static_cast<int64_t>(reqs[static_cast<size_t>(i)]->context(params_.use_input).size()));
+  }
+  for (double f : f_of_rank) out.gain.push_back(out.gain.back() + f);
+  ++stamp_;
+  for (int64_t i = 0; i < b; ++i) {
+    for (int32_t d : scratch_[static_cast<size_t>(i)].docs_used) pool_.touch(d, stamp_);
+  }
+}
+
+bool Drafter::record(const Request& r, const TreeView& t, int64_t context_len, int64_t accepted, bool strict) {
+  const std::vector<int32_t>& ctx = r.context(params_.use_input);
+  std::vector<uint8_t> on_path(static_cast<size_t>(t.size), 0);
+  on_path[0] = 1;
+  int32_t cur = 0;
+  for (int64_t j = 0; j < accepted; ++j) {
+    const int32_t want = ctx[static_cast<size_t>(context_len + j)];
+    int32_t next = -1;
+    for (int32_t v = cur + 1; v < t.size; ++v) {
+      if (t.parents[v] == cur && t.tokens[v] == want) {
+        next = v;
+        break;
+      }
+    }
+    if (next < 0) {
+      if (strict) throw std::invalid_argument("the accepted tokens do not follow a path of the proposed tree");
+      return false;
+    }
+    on_path[static_cast<size_t>(next)] = 1;
+    cur = next;
+  }
+  for (int32_t v = 1; v < t.size; ++v) {
+    if (t.source[v] < 0 || t.source[v] >= kNumSources || !on_path[static_cast<size_t>(t.parents[v])]) continue;
+    cal_.observe(t.source[v], t.depth[v], t.match_len[v], t.raw[v], on_path[static_cast<size_t>(v)] ? 1.0f : 0.0f);
+  }
+  return true;
+}
+
+int64_t Drafter::observe(const int64_t* rids, int64_t b, const std::vector<TreeView>& trees, const int64_t* context_len,
+                         const int64_t* accepted) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (int64_t i = 0; i < b; ++i) {
+    if (accepted[i] < 0 || accepted[i] >= trees[static_cast<size_t>(i)].size) {
+      throw std::invalid_argument("accepted_counts[" + std::to_string(i) + "] = " + std::to_string(accepted[i]) +
+                                  " is outside [0, " + std::to_string(trees[static_cast<size_t>(i)].size - 1) + "]");
+    }
+    if (context_len[i] < 1) throw std::invalid_argument("batch context_len must be >= 1");
+  }
+  if (!params_.online) return 0;
+  int64_t recorded = 0;
+  for (int64_t i = 0; i < b; ++i) {
+    auto it = requests_.find(rids[i]);
+    if (it == requests_.end()) continue;
+    Request& r = it->second;
+    const TreeView& t = trees[static_cast<size_t>(i)];
+    if (static_cast<int64_t>(r.context(params_.use_input).size()) >= context_len[i] + accepted[i]) {
+      recorded += record(r, t, context_len[i], accepted[i], true) ? 1 : 0;
+      continue;
+    }
+    Pending& q = r.pending;
+    q.tokens.assign(t.tokens, t.tokens + t.size);
+    q.parents.assign(t.parents, t.parents + t.size);
+    q.depth.assign(t.depth, t.depth + t.size);
+    q.match_len.assign(t.match_len, t.match_len + t.size);
+    q.source.assign(t.source, t.source + t.size);
+    q.raw.assign(t.raw, t.raw + t.size);
+    q.context_len = context_len[i];
+    q.accepted = accepted[i];
+  }
+  cal_.refit_dirty();
+  return recorded;
+}
+
+}  // namespace sssd

@@ -1,0 +1,129 @@
+// The drafter: per-request contexts with their input index, the datastore, the recent-outputs pool,
+// fusion + calibration, and batch-wide budgeted selection. One propose() call serves the whole batch
+// (requests in parallel, then a serial allocation over the batch). All methods are serialized by an
+// internal mutex, so the Python side may release the GIL around every call.
+#pragma once
+#include <cstdint>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "core/calibration.h"
+#include "core/datastore.h"
+#include "core/draft_tree.h"
+#include "core/ngram_index.h"
+#include "core/recent_pool.h"
+#include "core/search.h"
+
+namespace sssd {
+
+struct DrafterParams {
+  bool use_input = true, use_datastore = true, use_pool = true;
+  int32_t index_max_n = 4;   // n-gram lengths indexed for the input source and the pool
+  MatchParams input, pool;
+  SearchParams search;
+  FusionParams fusion;
+  bool calibrated = true;    // false: p = raw estimates
+  bool online = true;        // observe() updates the calibration
+  int32_t max_depth = 8, max_width = 0, max_tree_nodes = 127;
+  int64_t pool_max_tokens = 1 << 20;
+  uint64_t vocab_size = 0;   // token ids must be < vocab_size when > 0
+};
+void validate_drafter_params(const DrafterParams& p);  // throws std::invalid_argument
+
+// Flat output of propose(): N nodes (roots included), B trees. Shapes in comments.
+struct ProposeOutput {
+  std::vector<int32_t> tokens, parents, depth, match_len, rank;  // [N]
+  std::vector<float> probs, raw, acc;                           // [N] p(v|parent), raw score, f(v)
+  std::vector<int8_t> source;                                   // [N] winner source, -1 for roots
+  std::vector<uint8_t> source_mask;                             // [N]
+  std::vector<int64_t> offsets;                                 // [B + 1]
+  std::vector<int64_t> context_len;                             // [B] context length at propose time
+  std::vector<double> gain;                                     // [M + 1]
+};
+
+// One proposed tree as observe() reads it back (views into the batch arrays).
+struct TreeView {
+  const int32_t* tokens;
+  const int32_t* parents;
+  const int8_t* source;
+  const int32_t* depth;
+  const int32_t* match_len;
+  const float* raw;
+  int32_t size;
+};
+
+class Drafter {
+ public:
+  Drafter(const DrafterParams& params, std::vector<DatastoreView> shards);
+
+  void add_request(int64_t rid, const int32_t* tokens, int64_t n);
+  void extend(int64_t rid, const int32_t* tokens, int64_t n);
+  void remove_request(int64_t rid, bool add_output_to_pool);
+  void add_to_pool(const int32_t* tokens, int64_t n);
+  bool has_request(int64_t rid);
+  int64_t num_requests();
+  int64_t context_length(int64_t rid);
+  int64_t pool_tokens();
+
+  // budgets: [b] per-request caps when per_request, else budgets[0] is the global budget. tpot: [b]
+  // targets (seconds per token, <= 0 / NaN: none) or null.
+  void propose(const int64_t* rids, int64_t b, const int64_t* budgets, bool per_request, const double* tpot,
+               double step_time, double slack, ProposeOutput& out);
+
+  // accepted[i] draft nodes of tree i were accepted. Trees whose request has been extended past the
+  // accepted path are recorded now, others when their request is next extended; trees of removed
+  // requests are ignored. Returns the number of trees recorded now.
+  int64_t observe(const int64_t* rids, int64_t b, const std::vector<TreeView>& trees, const int64_t* context_len,
+                  const int64_t* accepted);
+
+  Calibration calibration();
+  void set_calibration(const Calibration& c);
+
+ private:
+  struct Pending {
+    std::vector<int32_t> tokens, parents, depth, match_len;
+    std::vector<int8_t> source;
+    std::vector<float> raw;
+    int64_t context_len = -1, accepted = 0;
+  };
+  struct Request {
+    NgramIndex index;
+    std::vector<int32_t> plain;  // the context when the input source is off
+    int64_t prompt_len = 0;
+    Pending pending;
+    explicit Request(int32_t max_n) : index(max_n) {}
+    const std::vector<int32_t>& context(bool indexed) const { return indexed ? index.tokens() : plain; }
+  };
+  struct Scratch {
+    CandidateTrie tries[kNumSources];
+    std::vector<Occurrence> occ;
+    std::vector<int32_t> docs_used, seq;
+    CandidateTree tree;
+    std::vector<double> seq_f;
+  };
+
+  void check_tokens(const int32_t* tokens, int64_t n) const;
+  void append(Request& r, const int32_t* tokens, int64_t n);
+  void draft_one(const Request& r, int32_t cap, Scratch& s) const;
+  bool record(const Request& r, const TreeView& t, int64_t context_len, int64_t accepted, bool strict);
+  Request& get(int64_t rid);
+
+  DrafterParams params_;
+  std::vector<DatastoreView> shards_;
+  std::unordered_map<int64_t, Request> requests_;
+  RecentPool pool_;
+  Calibration cal_;
+  std::vector<Scratch> scratch_;
+  int64_t stamp_ = 0;
+  std::mutex mutex_;
+};
+
+// Tree buffers for verification. For B trees (offsets [B+1]) of at most 128 nodes each:
+// positions[N] = depth; masks[N * 2] (bit j of node i's row: node j of the same tree is i or an
+// ancestor of i); paths[N * (max_depth + 1)] = global indices of root..node, padded with -1;
+// tree_index[N]. Throws std::invalid_argument on a malformed batch.
+void build_tree_buffers(const int32_t* parents, const int32_t* depth, int64_t n, const int64_t* offsets, int64_t b,
+                        int32_t* positions, uint64_t* masks, int32_t path_width, int32_t* paths, int32_t* tree_index);
+
+}  // namespace sssd

@@ -1,0 +1,234 @@
+"""Drive any Hugging Face causal LM with tree attention over our own KV cache.
+
+Only public extension points are used: an attention function registered by name in
+``transformers.AttentionInterface`` (the model is switched to it with ``set_attn_implementation``), explicit
+``position_ids`` (context length + node depth), and an extra keyword argument (``sssd_step``) that
+transformers forwards untouched from ``model(...)`` down to every attention call. That argument is the
+per-forward ``StepContext``: which cache slots the forward covers, where each new node's K/V goes, which
+keys each query may see. The model is called with ``use_cache=False`` and no attention mask, so
+transformers builds no mask and keeps no cache of its own.
+
+All requests' trees are packed into one row (``input_ids`` ``[1, N]``); inside attention the queries are
+laid out per request (``[B, H, n_max, D]``) for one fused SDPA call per layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from sssd.attention import ancestor_mask, is_chain, tree_attention
+from sssd.kv_cache import CacheShape, KVCache, StepWrites
+
+ATTENTION_NAME = "sssd_tree"
+
+
+@dataclass
+class StepContext:
+    """What the attention function needs for one forward (shared by all layers)."""
+
+    cache: KVCache
+    slot_start: int
+    slot_stop: int
+    rows: int  # keys read per request: max(committed + nodes)
+    n_max: int  # nodes per request after padding
+    writes: StepWrites
+    visible: torch.Tensor | None  # bool [B, n_max, rows]; None = everything visible
+    pad_src: torch.Tensor | None  # int64 [B * n_max]: packed index of each padded query; None = no padding
+    unpad: torch.Tensor | None  # int64 [N]: padded index of each packed node
+    calls: list[int] = field(default_factory=list)  # layer ids seen (only filled by the probe)
+    record: bool = False
+
+
+def sssd_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """The registered attention function: ``query`` ``[1, H, N, D]``, ``key``/``value`` ``[1, Hkv, N, D]``
+    (already rotated by the model). Returns ``([1, N, H, D], None)``."""
+    ctx: StepContext | None = kwargs.get("sssd_step")
+    if ctx is None:
+        raise RuntimeError(
+            f"the '{ATTENTION_NAME}' attention only runs inside an sssd Engine forward; "
+            "call model.set_attn_implementation('sdpa') to use the model on its own"
+        )
+    if kwargs.get("softcap") is not None:
+        raise NotImplementedError(f"{type(module).__name__}: attention logit soft-capping is not supported")
+    window = kwargs.get("sliding_window")
+    if window is not None and ctx.rows > window:
+        raise NotImplementedError(
+            f"{type(module).__name__}: sliding-window attention beyond {window} tokens is not supported"
+        )
+    layer = module.layer_idx
+    if ctx.record:
+        ctx.calls.append(layer)
+    ctx.cache.write(layer, key, value, ctx.writes)
+    k, v = ctx.cache.view(layer, ctx.slot_start, ctx.slot_stop, ctx.rows)
+    b = ctx.slot_stop - ctx.slot_start
+    h, d = query.shape[1], query.shape[3]
+    q = query[0]
+    if ctx.pad_src is not None:
+        q = q.index_select(1, ctx.pad_src)
+    q = q.reshape(h, b, ctx.n_max, d).transpose(0, 1)
+    scale = module.scaling if scaling is None else scaling
+    out = tree_attention(q, k, v, ctx.visible, scale)  # [B, H, n_max, D]
+    out = out.transpose(1, 2).reshape(b * ctx.n_max, h, d)
+    if ctx.unpad is not None:
+        out = out.index_select(0, ctx.unpad)
+    return out.unsqueeze(0), None
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION_NAME, sssd_attention)
+
+
+@dataclass(frozen=True)
+class Tree:
+    """One request's part of a forward: nodes stored after its committed rows, in this order."""
+
+    tokens: np.ndarray  # [n] token ids; node 0 = root
+    parents: np.ndarray  # [n] parent index within the tree, -1 for the root
+    depth: np.ndarray  # [n] root = 0
+
+
+class ModelAdapter:
+    """A causal LM switched to tree attention, with its KV cache.
+
+    ``forward_trees(trees)`` scores the trees of the active slots ``0..len(trees)-1`` in one forward;
+    ``prefill(slot, tokens)`` appends a prompt's K/V to a slot in chunks.
+    """
+
+    def __init__(self, model: Any, *, prefill_chunk: int = 512, initial_capacity: int = 256):
+        cls = type(model).__name__
+        config = getattr(model, "config", None)
+        if config is None or not hasattr(model, "set_attn_implementation"):
+            raise ValueError(
+                f"{cls} is not a transformers PreTrainedModel (no config / set_attn_implementation)"
+            )
+        if getattr(config, "is_encoder_decoder", False):
+            raise ValueError(f"{cls} is an encoder-decoder model; sssd drives decoder-only causal LMs")
+        if prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+        _register()
+        try:
+            model.set_attn_implementation(ATTENTION_NAME)
+        except Exception as e:
+            raise ValueError(
+                f"{cls} cannot switch its attention implementation to '{ATTENTION_NAME}': {e}"
+            ) from e
+        if getattr(config, "_attn_implementation", None) != ATTENTION_NAME:
+            raise ValueError(
+                f"{cls} does not use transformers' AttentionInterface, so sssd cannot replace its attention"
+            )
+        self.model = model.eval()
+        self.model_class = cls
+        self.prefill_chunk = prefill_chunk
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        self.num_layers = int(text.num_hidden_layers)
+        heads = int(text.num_attention_heads)
+        kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
+        self.vocab_size = int(text.vocab_size)
+        self.max_positions = int(getattr(text, "max_position_embeddings", 0) or 1 << 30)
+        param = next(model.parameters())
+        shape = CacheShape(self.num_layers, kv_heads, head_dim, param.dtype, param.device)
+        self.device = param.device
+        self.cache = KVCache(shape, capacity=initial_capacity, max_capacity=self.max_positions + 1)
+        self._probe()
+
+    # -- forward passes -------------------------------------------------------------------------------
+    def _run(self, ids: np.ndarray, pos: np.ndarray, ctx: StepContext, keep: int = 0) -> torch.Tensor:
+        dev = self.device
+        input_ids = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)).to(dev).unsqueeze(0)
+        position_ids = torch.from_numpy(np.ascontiguousarray(pos, dtype=np.int64)).to(dev).unsqueeze(0)
+        with torch.inference_mode():
+            out = self.model(
+                input_ids=input_ids,
+                position_ids=position_ids,
+                use_cache=False,
+                logits_to_keep=keep,
+                sssd_step=ctx,
+            )
+        return out.logits[0]
+
+    def _probe(self) -> None:
+        """One tiny forward on a scratch slot: every layer must call our attention exactly once."""
+        slot = self.cache.add()
+        try:
+            ctx = self._context(slot, [Tree(np.zeros(2, np.int64), np.array([-1, 0]), np.array([0, 1]))])
+            ctx.record = True
+            self._run(np.zeros(2, np.int64), np.array([0, 1]), ctx, keep=1)
+        except (TypeError, RuntimeError, NotImplementedError) as e:
+            raise ValueError(f"{self.model_class} cannot run sssd tree attention: {e}") from e
+        finally:
+            self.cache.remove(slot)
+        if sorted(ctx.calls) != list(range(self.num_layers)):
+            raise ValueError(
+                f"{self.model_class} does not route every layer's attention through transformers' "
+                f"AttentionInterface (saw layers {sorted(set(ctx.calls))} of {self.num_layers}); "
+                "sssd cannot replace its attention"
+            )
+
+    def _context(self, slot_start: int, trees: list[Tree]) -> StepContext:
+        cache = self.cache
+        b = len(trees)
+        sizes = np.array([len(t.tokens) for t in trees], dtype=np.int64)
+        committed = cache.lengths[slot_start : slot_start + b]
+        n_max = int(sizes.max())
+        rows = int((committed + sizes).max())
+        cache.reserve(rows)
+        dev = self.device
+        if b == 1:
+            writes = StepWrites(None, None, slice_slot=slot_start, slice_start=int(committed[0]))
+        else:
+            slot_index = np.repeat(np.arange(slot_start, slot_start + b), sizes)
+            row_index = np.concatenate([c + np.arange(n) for c, n in zip(committed, sizes, strict=True)])
+            writes = StepWrites(torch.from_numpy(slot_index).to(dev), torch.from_numpy(row_index).to(dev))
+        visible = None
+        if not (b == 1 and n_max == 1):
+            vis = np.zeros((b, n_max, rows), dtype=bool)
+            for i, (t, c, n) in enumerate(zip(trees, committed, sizes, strict=True)):
+                vis[i, :n, :c] = True
+                vis[i, :n, c : c + n] = (
+                    np.tril(np.ones((n, n), bool)) if is_chain(t.parents) else ancestor_mask(t.parents)
+                )
+                vis[i, n:, 0] = True  # padding queries: any finite row keeps softmax defined
+            visible = torch.from_numpy(vis).to(dev)
+        pad_src = unpad = None
+        if (sizes != n_max).any():
+            starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+            t_idx = np.arange(n_max)
+            src = starts[:, None] + np.minimum(t_idx[None, :], sizes[:, None] - 1)
+            pad_src = torch.from_numpy(src.reshape(-1)).to(dev)
+            unpad = torch.from_numpy(
+                np.concatenate([i * n_max + np.arange(n) for i, n in enumerate(sizes)])
+            ).to(dev)
+        return StepContext(cache, slot_start, slot_start + b, rows, n_max, writes, visible, pad_src, unpad)
+
+    def forward_trees(self, trees: list[Tree]) -> torch.Tensor:
+        """Score the trees of slots ``0..B-1`` (nodes written to their scratch rows). Returns logits
+        ``[N, vocab]`` of the packed nodes (tree 0's nodes first)."""
+        if len(trees) != self.cache.num_active:
+            raise ValueError(f"{len(trees)} trees for {self.cache.num_active} active slots")
+        ctx = self._context(0, trees)
+        ids = np.concatenate([t.tokens for t in trees])
+        pos = np.concatenate([c + t.depth for c, t in zip(self.cache.lengths, trees, strict=True)])
+        return self._run(ids, pos, ctx)
+
+    def prefill(self, slot: int, tokens: np.ndarray) -> None:
+        """Append ``tokens`` (committed context) to ``slot``'s rows, ``prefill_chunk`` tokens per forward."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        for a in range(0, len(tokens), self.prefill_chunk):
+            chunk = tokens[a : a + self.prefill_chunk]
+            n = len(chunk)
+            tree = Tree(chunk, np.arange(-1, n - 1), np.arange(n))
+            ctx = self._context(slot, [tree])
+            start = int(self.cache.lengths[slot])
+            self._run(chunk, start + np.arange(n), ctx, keep=1)
+            self.cache.lengths[slot] = start + n
+
+    def commit(self, paths: list[np.ndarray]) -> None:
+        """After ``forward_trees``: keep node ``paths[i]`` (root first) of slot ``i``'s tree."""
+        self.cache.commit(np.arange(len(paths)), paths)

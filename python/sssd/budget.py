@@ -1,0 +1,209 @@
+"""Pure functions behind the budget policy: goodput-optimal global budget, per-request expectations,
+per-request caps and SLO-first re-ranking of a proposed batch.
+
+They work on any object with the contract's ``DraftBatch`` fields (``parents``, ``probs``, ``offsets``,
+``rank``, ``gain``); re-ranked batches are made with :func:`dataclasses.replace`, so the batch's own
+``truncate(k)`` keeps working on the new ranking. A prefix of the new ranking is still a valid selection
+(connected subtrees containing the roots) because every re-ranking here keeps the original relative order
+of the nodes *within* each tree, and the original order within a tree is parent-before-child.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from sssd.costmodel import CostModel
+
+
+@dataclass(frozen=True)
+class BudgetChoice:
+    """The outcome of evaluating every global budget 0..K of one proposed batch."""
+
+    budget: int  # chosen global budget (non-root nodes kept)
+    expected_accepted: float  # Σ f over the kept nodes (after the acceptance correction)
+    predicted_s: float  # predicted step time at the chosen budget
+    goodput: np.ndarray  # [K+1] expected tokens per second for each candidate budget
+    step_s: np.ndarray  # [K+1] predicted step time for each candidate budget
+
+
+def accumulated_probs(batch) -> np.ndarray:
+    """f(v) = product of p along the path root..v, per node [N] float64 (1.0 for roots)."""
+    parents = np.asarray(batch.parents)
+    probs = np.asarray(batch.probs, dtype=np.float64)
+    offsets = np.asarray(batch.offsets)
+    f = np.ones(len(parents), dtype=np.float64)
+    # Parents precede children within a tree, so one pass in node order suffices; depth-by-depth
+    # vectorization keeps it free of Python loops over nodes.
+    depth = np.asarray(batch.depth)
+    tree = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+    glob_parent = np.where(parents >= 0, parents + offsets[tree], -1)
+    for d in range(1, int(depth.max(initial=0)) + 1):
+        sel = np.flatnonzero(depth == d)
+        f[sel] = f[glob_parent[sel]] * probs[sel]
+    return f
+
+
+def choose_budget(
+    gain: np.ndarray,
+    batch_size: int,
+    n_context: int,
+    cost: CostModel,
+    *,
+    max_budget: int | None = None,
+    drafted: bool = True,
+    correction: float = 1.0,
+    min_gain: float = 0.0,
+    draft_budget: int | None = None,
+) -> BudgetChoice:
+    """Highest expected goodput = (batch_size + correction·gain[k]) / predicted_time(k) over k = 0..K.
+
+    ``gain`` [M+1] from the batch (gain[0] = 0). ``drafted``: the propose call is part of this step
+    (its time is then in every candidate, including k = 0, as it has been spent) and ``draft_budget`` the
+    budget it was called with (default: each candidate's own). Ties and candidates
+    within ``min_gain`` (relative) of budget 0 go to the smaller budget, so noise never buys speculation.
+    """
+    gain = np.asarray(gain, dtype=np.float64)
+    if gain.ndim != 1 or len(gain) == 0:
+        raise ValueError("gain must be a non-empty 1-D array (gain[0] = 0)")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    k_max = len(gain) - 1 if max_budget is None else min(len(gain) - 1, max(0, int(max_budget)))
+    ks = np.arange(k_max + 1)
+    step = cost.predict(batch_size, n_context, ks, drafted=drafted, draft_budget=draft_budget).total
+    step = np.maximum(step, 1e-9)
+    tokens = batch_size + correction * gain[: k_max + 1]
+    goodput = tokens / step
+    best = int(np.argmax(goodput))  # first maximum: the smallest budget among equals
+    if best > 0 and goodput[best] <= goodput[0] * (1.0 + min_gain):
+        best = 0
+    return BudgetChoice(best, float(correction * gain[best]), float(step[best]), goodput, step)
+
+
+def request_gain_table(batch, f: np.ndarray | None = None) -> np.ndarray:
+    """Expected accepted tokens of every request for every global budget: [K+1, B] float64, where row k
+    sums f over the request's nodes with rank < k (the batch's ``truncate(k)``)."""
+    f = accumulated_probs(batch) if f is None else f
+    rank = np.asarray(batch.rank)
+    offsets = np.asarray(batch.offsets)
+    b = len(offsets) - 1
+    k_total = len(batch.gain) - 1
+    tree = np.repeat(np.arange(b), np.diff(offsets))
+    table = np.zeros((k_total + 1, b), dtype=np.float64)
+    nodes = np.flatnonzero(rank >= 0)
+    np.add.at(table, (rank[nodes] + 1, tree[nodes]), f[nodes])
+    return np.cumsum(table, axis=0)
+
+
+def rerank(batch, order_key: np.ndarray):
+    """A copy of ``batch`` whose ``rank``/``gain`` follow the non-root nodes sorted by ``order_key`` [N]
+    (ascending, stable; ties keep the original rank order). Nodes with key = +inf are dropped (rank -1
+    would make them roots, so they get ranks after every kept node and the gain stops before them)."""
+    rank = np.asarray(batch.rank)
+    nodes = np.flatnonzero(rank >= 0)
+    nodes = nodes[np.argsort(rank[nodes], kind="stable")]  # original order
+    key = np.asarray(order_key, dtype=np.float64)[nodes]
+    order = nodes[np.argsort(key, kind="stable")]
+    kept = int(np.count_nonzero(np.isfinite(key)))
+    new_rank = rank.copy()
+    new_rank[order] = np.arange(len(order), dtype=rank.dtype)
+    f = accumulated_probs(batch)
+    gain = np.concatenate([[0.0], np.cumsum(f[order[:kept]])])
+    return dataclasses.replace(batch, rank=new_rank, gain=gain)
+
+
+def cap_per_request(batch, cap: int):
+    """Re-ranks so that no request gets more than ``cap`` nodes in any prefix: each tree's nodes beyond
+    its first ``cap`` (in rank order) are dropped from the gain curve."""
+    if cap < 0:
+        raise ValueError(f"per-request cap must be >= 0, got {cap}")
+    rank = np.asarray(batch.rank)
+    offsets = np.asarray(batch.offsets)
+    tree = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+    key = np.full(len(rank), np.inf)
+    nodes = np.flatnonzero(rank >= 0)
+    nodes = nodes[np.argsort(rank[nodes], kind="stable")]
+    seen = np.zeros(len(offsets) - 1, dtype=np.int64)
+    # position of each node within its own tree's rank order (vectorized running count per tree)
+    pos = np.empty(len(nodes), dtype=np.int64)
+    for i, t in enumerate(tree[nodes]):  # O(M) with M <= a few hundred
+        pos[i] = seen[t]
+        seen[t] += 1
+    keep = pos < cap
+    key[nodes[keep]] = rank[nodes[keep]]
+    return rerank(batch, key)
+
+
+def slo_first(batch, step_s: float, targets: np.ndarray, *, slack_s: float = 0.0, priority=None):
+    """SLO-aware re-ranking (used when the drafter has no SLO selection of its own).
+
+    A request is *short* when its expected tokens per step × TPOT target falls short of the step time:
+    (1 + Σf of its nodes so far) · target < step_s + slack_s. Nodes go first to short requests (higher
+    priority first, then the most short), each node moving its request towards its target, until no
+    request is short; the remaining nodes follow in the original (throughput-optimal) order.
+    ``targets`` [B] seconds (inf = no target), ``priority`` [B] (larger = first; default 0).
+    """
+    f = accumulated_probs(batch)
+    rank = np.asarray(batch.rank)
+    offsets = np.asarray(batch.offsets)
+    b = len(offsets) - 1
+    targets = np.asarray(targets, dtype=np.float64)
+    prio = np.zeros(b) if priority is None else np.asarray(priority, dtype=np.float64)
+    if targets.shape != (b,) or prio.shape != (b,):
+        raise ValueError(f"targets and priority must have one entry per request ({b})")
+    tree = np.repeat(np.arange(b), np.diff(offsets))
+    queues = []
+    for i in range(b):
+        nodes = np.flatnonzero((tree == i) & (rank >= 0))
+        queues.append(list(nodes[np.argsort(rank[nodes], kind="stable")]))
+    expected = np.ones(b)  # tokens per step so far: the bonus token
+    need = step_s + slack_s
+    key = np.asarray(rank, dtype=np.float64).copy() + len(rank)  # default: after every SLO node
+    next_key = 0
+    while True:
+        short = np.flatnonzero((expected * targets < need) & np.array([len(q) > 0 for q in queues]))
+        if len(short) == 0:
+            break
+        deficit = need - expected * targets  # most short first within the same priority
+        i = short[np.lexsort((-deficit[short], -prio[short]))[0]]
+        node = queues[i].pop(0)
+        key[node] = next_key
+        next_key += 1
+        expected[i] += f[node]
+    key[rank < 0] = -1  # roots are ignored by rerank
+    return rerank(batch, key)
+
+
+def truncate_batch(batch, k: int):
+    """The batch restricted to its roots and the nodes with rank < ``k`` (parents re-indexed).
+
+    Uses the batch's own ``truncate`` when it has one (the drafter's DraftBatch); this generic version
+    serves contract-conforming stand-ins (baseline drafters). Per-node arrays of length N are filtered;
+    ``offsets`` recomputed; ``gain`` cut to [k+1].
+    """
+    if hasattr(batch, "truncate"):
+        return batch.truncate(k)
+    k = int(k)
+    if k < 0:
+        raise ValueError(f"truncate: k must be >= 0, got {k}")
+    rank = np.asarray(batch.rank)
+    offsets = np.asarray(batch.offsets)
+    n = len(rank)
+    b = len(offsets) - 1
+    idx = np.flatnonzero(rank < k)  # roots have rank -1
+    tree = np.repeat(np.arange(b), np.diff(offsets))
+    new_offsets = np.zeros(b + 1, dtype=np.int64)
+    np.cumsum(np.bincount(tree[idx], minlength=b), out=new_offsets[1:])
+    local = np.full(n, -1, dtype=np.int64)
+    local[idx] = np.arange(len(idx)) - new_offsets[tree[idx]]
+    parents = np.asarray(batch.parents)[idx]
+    glob = np.where(parents >= 0, parents + offsets[tree[idx]], 0)
+    new_parents = np.where(parents >= 0, local[glob], -1).astype(np.int32)
+    changes = {"parents": new_parents, "offsets": new_offsets, "gain": np.asarray(batch.gain)[: k + 1]}
+    for f in dataclasses.fields(batch):
+        v = getattr(batch, f.name)
+        if f.name not in changes and isinstance(v, np.ndarray) and v.ndim >= 1 and v.shape[0] == n:
+            changes[f.name] = v[idx]
+    return dataclasses.replace(batch, **changes)

@@ -1,0 +1,132 @@
+"""sssd profile: measure a model's step cost on this machine and save the cost profile (JSON).
+
+The profile seeds the adaptive budget policy (``BudgetPolicy(cost_model=CostModel.load(path))``) and
+drives the serving simulator. Forward time is measured with the real engine over a grid of (batch size,
+context, tree tokens); drafting time with the sssd drafter (or prompt lookup) on recorded pairs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+NAME = "profile"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model", default=None, help="Hugging Face model directory or .gguf (default: SmolLM2-135M)"
+    )
+    p.add_argument("--output", default="profile.json", help="where to write the profile (JSON)")
+    p.add_argument("--pairs", default=None, help="pairs JSONL whose prompts give drafting contexts")
+    p.add_argument("--datastore", default=None, help="datastore for the drafter (drafting time)")
+    p.add_argument("--baseline", default=None, choices=("prompt-lookup",), help="time a baseline drafter")
+    p.add_argument("--quick", action="store_true", help="a small grid (seconds, not minutes)")
+    p.add_argument("--batch-sizes", default=None, help="comma list (default 1,2,4,8)")
+    p.add_argument("--contexts", default=None, help="comma list of prompt lengths (default 64,256,768)")
+    p.add_argument(
+        "--budgets", default=None, help="comma list of tree tokens per step (default 0,8,16,32,64)"
+    )
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _ints(text: str | None, default: tuple[int, ...]) -> tuple[int, ...]:
+    if text is None:
+        return default
+    try:
+        vals = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise ValueError(f"expected a comma list of ints, got {text!r}") from None
+    if not vals or min(vals) < 0:
+        raise ValueError(f"expected non-negative ints, got {text!r}")
+    return vals
+
+
+def load_model(spec: str | None):
+    """A float32 causal LM from a directory or a .gguf file (converted once and cached)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from sssd.models import ensure_hf_model
+
+    path = Path(spec) if spec else ensure_hf_model()
+    if not path.exists():
+        raise FileNotFoundError(f"model not found: {path}")
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ValueError(f"--model takes a model directory or a .gguf file, got {path}")
+        path = ensure_hf_model(path)
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    return model.eval(), path.name
+
+
+def _contexts(pairs_path: str | None, n: int = 64):
+    import numpy as np
+
+    if pairs_path:
+        from sssd.pairs import load_pairs
+
+        pairs = load_pairs(pairs_path, limit=n)
+        return [np.concatenate([p.prompt_ids, p.output_ids[: len(p.output_ids) // 2]]) for p in pairs]
+    from sssd.data import sample_corpus
+
+    corpus = sample_corpus()
+    tokens, offsets = corpus[0], corpus[1]
+    return [tokens[offsets[i] : offsets[i + 1]] for i in range(min(n, len(offsets) - 1))]
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from sssd import profiling as prof
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    base = prof.ProfileGrid.quick() if args.quick else prof.ProfileGrid()
+    grid = prof.ProfileGrid(
+        _ints(args.batch_sizes, base.batch_sizes),
+        _ints(args.contexts, base.contexts),
+        _ints(args.budgets, base.budgets),
+        base.steps,
+        base.draft_batch_sizes,
+        base.draft_budgets,
+        base.draft_repeats,
+    )
+    if min(grid.batch_sizes) < 1 or min(grid.contexts) < 2:
+        raise ValueError("batch sizes must be >= 1 and contexts >= 2 tokens")
+    model, name = load_model(args.model)
+    say = lambda msg: print(msg, flush=True)  # noqa: E731
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        fwd = prof.profile_forward(model, grid, seed=args.seed, progress=say)
+    make_drafter = _drafter_factory(args)
+    drafting = prof.profile_drafting(make_drafter, _contexts(args.pairs), grid, progress=say)
+    meta = prof.machine_meta(name)
+    meta["drafter"] = args.baseline or "sssd"
+    cm = prof.fit_profile(fwd, drafting, meta)
+    cm.save(args.output, extra=prof.samples_json(fwd, drafting))
+    print(f"{cm}")
+    print(f"forward fit: median relative error {100 * prof.fit_error(cm, fwd):.1f}% on {len(fwd)} steps")
+    print(f"wrote {args.output} in {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+def _drafter_factory(args):
+    from sssd.commands._drafters import DrafterSpec, make_drafter, open_datastore
+
+    if args.baseline:
+        spec = DrafterSpec(baseline=args.baseline)
+    else:
+        try:
+            import sssd.drafter  # noqa: F401
+        except ImportError:
+            print("sssd drafter not built: timing prompt lookup instead", file=sys.stderr)
+            spec = DrafterSpec(baseline="prompt-lookup")
+        else:
+            sources = ("input", "datastore", "recent") if args.datastore else ("input", "recent")
+            spec = DrafterSpec(sources=sources, datastore=args.datastore)
+    ds = open_datastore(spec.datastore)
+    return lambda: make_drafter(spec, ds)

@@ -1,0 +1,159 @@
+"""sssd simulate: replay (prompt, output) pairs through a drafter and print MAL per budget."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from sssd.evaluation import BASELINES, SOURCES, DrafterSpec, make_drafter, parse_sources
+
+
+def parse_int_list(text: str) -> list[int]:
+    """'16,64' -> [16, 64] (argparse type: a ValueError becomes a usage error)."""
+    out = [int(x) for x in text.split(",") if x.strip()]
+    if not out or min(out) < 0:
+        raise ValueError(f"expected non-negative ints, got {text!r}")
+    return out
+
+
+def open_datastore(path: str | None):
+    if path is None:
+        return None
+    from sssd.datastore import Datastore
+
+    return Datastore.open(path)
+
+
+NAME = "simulate"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--pairs", required=True, help="pairs JSONL (fields prompt_ids, output_ids, id, subset)")
+    p.add_argument("--datastore", help="datastore file or shard directory (for the datastore source)")
+    p.add_argument("--budget", type=parse_int_list, default=[16, 64], help="draft nodes per request (16,64)")
+    p.add_argument("--batch-size", type=int, default=16, help="requests advancing together (16)")
+    p.add_argument(
+        "--allocation",
+        choices=("per-request", "global"),
+        default="per-request",
+        help="per-request: every request gets BUDGET nodes; global: the batch shares BUDGET x batch",
+    )
+    p.add_argument("--baseline", choices=BASELINES, help="simulate a baseline instead of the sssd drafter")
+    p.add_argument(
+        "--sources", type=parse_sources, default=SOURCES, help=f"comma list of {','.join(SOURCES)} (all)"
+    )
+    p.add_argument("--calibration", help="calibration table JSON, or 'none' for raw estimates")
+    p.add_argument("--online", action="store_true", help="update the calibration online (drafter.observe)")
+    p.add_argument("--subsets", help="comma list of pair subsets to keep (e.g. mtbench,humaneval)")
+    p.add_argument("--limit", type=int, help="use only the first N pairs")
+    p.add_argument("--details", action="store_true", help="also print acceptance per source and per depth")
+    p.add_argument("--json", dest="json_out", help="write the results as JSON to this file")
+
+
+def _check(args: argparse.Namespace) -> None:
+    if args.batch_size < 1:
+        raise ValueError("--batch-size must be >= 1")
+    if args.limit is not None and args.limit < 1:
+        raise ValueError("--limit must be >= 1")
+    if args.baseline is None and "datastore" in args.sources and args.datastore is None:
+        if args.sources is SOURCES:  # the default: quietly drop the datastore source
+            args.sources = tuple(s for s in SOURCES if s != "datastore")
+        else:
+            raise ValueError("--sources includes datastore: give --datastore PATH")
+
+
+def run(args: argparse.Namespace) -> int:
+    from sssd.pairs import load_pairs, total_tokens
+    from sssd.simulate import simulate
+
+    _check(args)
+    ds = open_datastore(args.datastore) if args.baseline is None else None
+    pairs = load_pairs(
+        args.pairs, subsets=args.subsets, vocab_size=ds.vocab_size if ds else None, limit=args.limit
+    )
+    spec = DrafterSpec(args.baseline, tuple(args.sources), args.calibration, args.datastore, args.online)
+    make_drafter(spec, ds)  # fail early (before the table header) on a bad configuration
+    n_prompt, n_out = total_tokens(pairs)
+    print(
+        f"pairs: {len(pairs)} ({n_prompt:,} prompt tokens, {n_out:,} output tokens)  drafter: {spec.label()}"
+    )
+    print(f"batch size {args.batch_size}, allocation {args.allocation}, online calibration {args.online}\n")
+    subsets = sorted({p.subset for p in pairs})
+    head = [
+        "budget",
+        "MAL",
+        *[f"MAL {s}" for s in subsets if s],
+        "drafted/step",
+        "accept",
+        "µs/req/step",
+        "s",
+    ]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    results = []
+    for budget in args.budget:
+        drafter = make_drafter(spec, ds)
+        t0 = time.perf_counter()
+        r = simulate(
+            drafter,
+            pairs,
+            budget=budget,
+            batch_size=args.batch_size,
+            allocation=args.allocation,
+            observe=args.online,
+        )
+        wall = time.perf_counter() - t0
+        cells = [str(budget), f"{r.mal:.3f}", *[f"{r.subset_mal(s):.3f}" for s in subsets if s]]
+        cells += [
+            f"{r.drafted_tokens / r.steps:.1f}",
+            f"{r.acceptance_rate:.3f}",
+            f"{r.us_per_request_step:.1f}",
+        ]
+        cells.append(f"{wall:.1f}")
+        print("| " + " | ".join(cells) + " |")
+        sys.stdout.flush()
+        results.append((budget, r))
+    if args.details:
+        for budget, r in results:
+            _print_details(budget, r)
+    if args.json_out:
+        with open(args.json_out, "w", encoding="utf-8") as f:
+            json.dump(
+                {
+                    "drafter": spec.label(),
+                    "pairs": args.pairs,
+                    "batch_size": args.batch_size,
+                    "results": [result_to_json(r) for _, r in results],
+                },
+                f,
+                indent=1,
+            )
+    return 0
+
+
+def _print_details(budget: int, r) -> None:
+    print(f"\nbudget {budget}: acceptance P(accepted | parent accepted)")
+    for title, table in (("source", r.by_source), ("depth", r.by_depth)):
+        if not table:
+            continue
+        cells = [f"{k}: {v.rate:.3f} ({v.accepted}/{v.reached} of {v.nodes})" for k, v in table.items()]
+        print(f"  by {title}: " + ", ".join(cells))
+
+
+def result_to_json(r) -> dict:
+    return {
+        "budget": r.budget,
+        "batch_size": r.batch_size,
+        "allocation": r.allocation,
+        "mal": r.mal,
+        "steps": r.steps,
+        "generated_tokens": r.generated_tokens,
+        "drafted_tokens": r.drafted_tokens,
+        "accepted_tokens": r.accepted_tokens,
+        "us_per_request_step": r.us_per_request_step,
+        "by_subset": {k: {"steps": v[0], "tokens": v[1]} for k, v in r.by_subset.items()},
+        "by_source": {k: vars(v) for k, v in r.by_source.items()},
+        "by_depth": {str(k): vars(v) for k, v in r.by_depth.items()},
+    }

@@ -1,0 +1,334 @@
+"""The drafter: retrieval sources, calibrated fusion and budgeted draft trees for a whole batch.
+
+Usage (the shared contract between drafter, engine and scheduler)::
+
+    drafter = Drafter(datastore=ds_or_None, config=DrafterConfig())
+    drafter.add_request(rid, prompt_ids)            # int32 1-D array (lists are converted)
+    drafter.extend(rid, new_ids)                    # accepted + bonus tokens of the last step
+    batch = drafter.propose(rids, budget=64)        # global int budget or one budget per request
+    drafter.observe(rids, batch, accepted_counts)   # online calibration
+    drafter.remove_request(rid)                     # its output joins the recent-outputs pool
+
+All work happens in one native call per method (the GIL is released; requests run in parallel).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+
+from sssd import _core
+from sssd.calibration import CalibrationTable, PathLike, default_table
+from sssd.datastore import Datastore
+
+UnknownRequestError = _core.UnknownRequestError  # a KeyError and a ValueError
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    """Parameters of the drafter. Lengths are in tokens."""
+
+    use_input: bool = True  # the request's own prompt + output
+    use_datastore: bool = True  # the suffix-array datastore (ignored when there is none)
+    use_pool: bool = True  # recent outputs of finished requests
+    max_depth: int = 8  # deepest draft node (also the continuation length read per occurrence)
+    max_width: int = 0  # most nodes at one depth of a tree (0: no limit)
+    max_tree_nodes: int = 127  # most non-root nodes of one tree (127: trees fit 128-bit ancestor masks)
+    index_max_n: int = 4  # n-gram lengths indexed (input source and pool)
+    input_max_match: int = 32  # true match lengths are measured up to this
+    input_min_n: int = 1
+    input_min_occurrences: int = 4  # take shorter suffixes while fewer occurrences were found
+    input_max_samples: int = 16
+    input_max_chain: int = 64
+    pool_max_match: int = 32
+    pool_min_n: int = 2
+    pool_min_occurrences: int = 4
+    pool_max_samples: int = 16
+    pool_max_chain: int = 64
+    pool_max_tokens: int = 1 << 20  # recent-outputs pool budget (LRU eviction)
+    add_finished_to_pool: bool = True  # remove_request adds the request's output to the pool
+    ds_max_query_len: int = 16
+    ds_min_query_len: int = 1
+    ds_min_occurrences: int = 4
+    ds_max_samples: int = 64
+    alpha: float = 1.0  # raw = count / (parent count + alpha)
+    noisy_or: bool = False  # fuse sources by noisy-or instead of max
+    # "default" (shipped table), None (uncalibrated raw scores), a path to a JSON table, or a table.
+    calibration: str | CalibrationTable | None = "default"
+    online_calibration: bool = True  # observe() updates the table
+    calibration_max_prior_weight: float = 200.0  # caps the table's weights so online data can move it
+    step_time: float = 0.02  # seconds; estimated step time L for SLO-aware allocation
+    slo_slack: float = 0.0  # seconds; slack epsilon for SLO-aware allocation
+    vocab_size: int = 0  # token ids must be below this (0: the datastore's, or unchecked)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_depth <= 64:
+            raise ValueError(f"max_depth must be in [1, 64], got {self.max_depth}")
+        if self.max_width < 0 or self.max_tree_nodes < 0 or self.pool_max_tokens < 0 or self.vocab_size < 0:
+            raise ValueError("max_width, max_tree_nodes, pool_max_tokens and vocab_size must be >= 0")
+        if not (self.step_time > 0 and self.slo_slack >= 0):
+            raise ValueError("step_time must be > 0 and slo_slack >= 0")
+
+    def native(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        for k in (
+            "calibration",
+            "add_finished_to_pool",
+            "step_time",
+            "slo_slack",
+            "calibration_max_prior_weight",
+        ):
+            d.pop(k)
+        d["calibrated"] = self.calibration is not None
+        d["online"] = self.online_calibration
+        return d
+
+
+@dataclass(frozen=True, eq=False)
+class DraftBatch:
+    """Draft trees of a batch, flat. N nodes (one root per request included), B trees, M non-root nodes.
+
+    Tree i is ``slice(offsets[i], offsets[i+1])``; its node 0 is the root (the request's last context
+    token). Within a tree, nodes are in selection order, so parents come first and the nodes with
+    ``rank < k`` form a prefix of every tree.
+    """
+
+    tokens: np.ndarray  # [N] int32
+    parents: np.ndarray  # [N] int32: -1 for roots, else the parent's index within the same tree
+    probs: np.ndarray  # [N] float32 calibrated p(node | parent); 1 for roots
+    depth: np.ndarray  # [N] int32, roots 0
+    offsets: np.ndarray  # [B + 1] int64
+    rank: np.ndarray  # [N] int32 position in the batch-wide selection order; -1 for roots
+    gain: np.ndarray  # [M + 1] float64: gain[k] = sum of f over nodes with rank < k
+    acc_prob: np.ndarray  # [N] float32 f(v) = product of probs from the root
+    source: np.ndarray  # [N] int8 winning source (0 input, 1 datastore, 2 pool); -1 for roots
+    source_mask: np.ndarray  # [N] uint8 bit s set: source s proposed the node
+    match_len: np.ndarray  # [N] int32 match length of the winning source's suffix match
+    raw_score: np.ndarray  # [N] float32 the winning source's raw estimate (before calibration)
+    context_len: np.ndarray  # [B] int64 context length of each request at propose time
+    request_ids: np.ndarray  # [B] int64
+
+    _PER_NODE = (
+        "tokens",
+        "parents",
+        "probs",
+        "depth",
+        "rank",
+        "acc_prob",
+        "source",
+        "source_mask",
+        "match_len",
+        "raw_score",
+    )
+
+    @property
+    def num_trees(self) -> int:
+        return int(self.offsets.shape[0]) - 1
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def num_draft_nodes(self) -> int:
+        """M: non-root nodes."""
+        return self.num_nodes - self.num_trees
+
+    def tree_sizes(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def expected_accepted(self) -> np.ndarray:
+        """[B] sum of f over each tree's draft nodes (expected accepted tokens)."""
+        f = np.where(self.parents >= 0, self.acc_prob.astype(np.float64), 0.0)
+        return np.add.reduceat(f, self.offsets[:-1]) if self.num_trees else np.zeros(0)
+
+    def truncate(self, k: int) -> DraftBatch:
+        """Roots plus the nodes with rank < k (the selection for global budget k)."""
+        k = int(k)
+        if k < 0:
+            raise ValueError(f"k must be >= 0, got {k}")
+        keep = (self.rank < k) & (self.rank >= 0) | (self.parents < 0)
+        counts = (
+            np.add.reduceat(keep.astype(np.int64), self.offsets[:-1])
+            if self.num_trees
+            else np.zeros(0, np.int64)
+        )
+        offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        kw: dict[str, Any] = {name: getattr(self, name)[keep] for name in self._PER_NODE}
+        return DraftBatch(
+            offsets=offsets,
+            gain=self.gain[: min(k, self.gain.shape[0] - 1) + 1].copy(),
+            context_len=self.context_len,
+            request_ids=self.request_ids,
+            **kw,
+        )
+
+
+def _tokens(x: Any, what: str) -> np.ndarray:
+    if isinstance(x, np.ndarray):
+        if x.dtype != np.int32:
+            raise TypeError(f"{what} must have dtype int32, got {x.dtype}")
+        return np.ascontiguousarray(x)
+    arr = np.asarray(x)
+    if arr.size == 0:
+        return np.zeros(0, dtype=np.int32)
+    if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
+        raise TypeError(f"{what} must be a 1-D sequence of integer token ids")
+    if arr.min() < 0 or arr.max() > np.iinfo(np.int32).max:
+        raise ValueError(f"{what} holds token ids outside [0, 2^31)")
+    return arr.astype(np.int32)
+
+
+def _calibration(spec: Any) -> CalibrationTable | None:
+    if spec is None or isinstance(spec, CalibrationTable):
+        return spec
+    if spec == "default":
+        return default_table()
+    if spec == "identity":
+        return CalibrationTable.identity()
+    return CalibrationTable.load(spec)
+
+
+class Drafter:
+    """Drafts token trees for a batch of requests (see the module docstring)."""
+
+    def __init__(self, datastore: Datastore | None = None, config: DrafterConfig | None = None):
+        self.config = config or DrafterConfig()
+        if datastore is not None and not isinstance(datastore, Datastore):
+            raise TypeError(f"datastore must be a sssd.Datastore or None, got {type(datastore).__name__}")
+        self.datastore = datastore  # keeps the memory maps alive
+        shards = list(datastore.shards) if datastore is not None else []
+        cfg = self.config
+        if datastore is not None and cfg.vocab_size and cfg.vocab_size > datastore.vocab_size:
+            raise ValueError(f"vocab_size {cfg.vocab_size} exceeds the datastore's {datastore.vocab_size}")
+        self._native = _core.Drafter(shards, cfg.native())
+        table = _calibration(cfg.calibration)
+        if table is not None:
+            self._native.set_calibration(table.native(cfg.calibration_max_prior_weight))
+
+    # ---- requests ----
+    def add_request(self, rid: int, prompt_ids: Any) -> None:
+        """Start a request. ValueError for an empty prompt, a duplicate id or ids outside the vocabulary."""
+        self._native.add_request(int(rid), _tokens(prompt_ids, "prompt_ids"))
+
+    def extend(self, rid: int, new_ids: Any) -> None:
+        """Append the tokens committed by the last step (accepted + bonus). UnknownRequestError if unknown."""
+        self._native.extend(int(rid), _tokens(new_ids, "new_ids"))
+
+    def remove_request(self, rid: int, *, add_to_pool: bool | None = None) -> None:
+        """Forget a request; by default its output (context past the prompt) joins the recent-outputs pool."""
+        pool = self.config.add_finished_to_pool if add_to_pool is None else add_to_pool
+        self._native.remove_request(int(rid), bool(pool))
+
+    def add_to_pool(self, tokens: Any) -> None:
+        """Add one document to the recent-outputs pool explicitly."""
+        self._native.add_to_pool(_tokens(tokens, "tokens"))
+
+    def has_request(self, rid: int) -> bool:
+        return bool(self._native.has_request(int(rid)))
+
+    def __len__(self) -> int:
+        return int(self._native.num_requests())
+
+    def context_length(self, rid: int) -> int:
+        return int(self._native.context_length(int(rid)))
+
+    @property
+    def pool_tokens(self) -> int:
+        return int(self._native.pool_tokens())
+
+    # ---- drafting ----
+    def propose(
+        self,
+        rids: Sequence[int],
+        budget: int | Sequence[int] = 64,
+        slo: float | Sequence[float | None] | None = None,
+        *,
+        step_time: float | None = None,
+        slack: float | None = None,
+    ) -> DraftBatch:
+        """Draft trees for ``rids`` under ``budget`` (global int, or one cap per request).
+
+        ``slo``: TPOT targets in seconds per token (one for all, or per request; None / NaN = none). With
+        targets, nodes first go to requests whose expected tokens per step x target fall short of
+        ``step_time + slack`` (defaults from the config), then to maximize the expected accepted tokens.
+        """
+        ids = np.asarray(list(rids), dtype=np.int64).reshape(-1)
+        b = ids.shape[0]
+        per_request = not isinstance(budget, (int, np.integer))
+        if per_request:
+            if isinstance(budget, (str, bytes, float)) or not isinstance(budget, (Sequence, np.ndarray)):
+                raise TypeError(f"budget must be an int or a sequence of ints, got {type(budget).__name__}")
+            budgets = np.asarray(budget, dtype=np.int64).reshape(-1)
+            if budgets.shape[0] != b:
+                raise ValueError(f"got {budgets.shape[0]} per-request budgets for {b} requests")
+        else:
+            budgets = np.asarray([int(budget)], dtype=np.int64)
+        if np.any(budgets < 0):
+            raise ValueError(f"budgets must be >= 0, got {budget}")
+        tpot = self._slo(slo, b)
+        st = self.config.step_time if step_time is None else float(step_time)
+        sl = self.config.slo_slack if slack is None else float(slack)
+        if not (st > 0 and sl >= 0):
+            raise ValueError("step_time must be > 0 and slack >= 0")
+        out = self._native.propose(ids, budgets, per_request, tpot, st, sl)
+        return DraftBatch(request_ids=ids, **out)
+
+    @staticmethod
+    def _slo(slo: Any, b: int) -> np.ndarray | None:
+        if slo is None:
+            return None
+        if isinstance(slo, (int, float, np.number)):
+            vals = [float(slo)] * b
+        else:
+            vals = [math.nan if x is None else float(x) for x in slo]
+            if len(vals) != b:
+                raise ValueError(f"got {len(vals)} SLO targets for {b} requests")
+        arr = np.asarray(vals, dtype=np.float64)
+        if np.any(arr <= 0) or np.any(np.isinf(arr)):
+            raise ValueError("SLO targets (seconds per token) must be > 0 and finite (None for no target)")
+        return arr
+
+    def observe(self, rids: Sequence[int], batch: DraftBatch, accepted_counts: Any) -> int:
+        """Feed back verification: accepted_counts[i] draft nodes (bonus excluded) of tree i were accepted.
+
+        The accepted tokens are read from the request's context, so call it after ``extend`` (trees
+        observed earlier are recorded at the next ``extend``). Trees of removed requests are ignored.
+        Returns the number of trees recorded now.
+        """
+        ids = np.asarray(list(rids), dtype=np.int64).reshape(-1)
+        if ids.shape != batch.request_ids.shape or np.any(ids != batch.request_ids):
+            raise ValueError("rids must be the request ids the batch was proposed for, in order")
+        acc = np.asarray(accepted_counts, dtype=np.int64).reshape(-1)
+        if acc.shape[0] != ids.shape[0]:
+            raise ValueError(f"got {acc.shape[0]} accepted counts for {ids.shape[0]} trees")
+        arrays = {
+            k: getattr(batch, k)
+            for k in (
+                "offsets",
+                "tokens",
+                "parents",
+                "source",
+                "depth",
+                "match_len",
+                "raw_score",
+                "context_len",
+            )
+        }
+        return int(self._native.observe(ids, arrays, np.ascontiguousarray(acc)))
+
+    @property
+    def calibration(self) -> CalibrationTable:
+        """The current table (including online updates)."""
+        return CalibrationTable.from_native(self._native.calibration())
+
+    def set_calibration(self, table: CalibrationTable) -> None:
+        self._native.set_calibration(table.native(self.config.calibration_max_prior_weight))
+
+
+def load_calibration(path: PathLike) -> CalibrationTable:
+    return CalibrationTable.load(path)

@@ -1,0 +1,358 @@
+"""The engine: continuous batching, one forward per step verifying every request's draft tree, exactly.
+
+```python
+engine = sssd.Engine(model, tokenizer, drafter=drafter_or_None, config=sssd.EngineConfig(budget=16))
+results = engine.generate(prompts, max_new_tokens=256, temperature=0.0)   # strings or token lists
+for event in engine.stream(prompts, max_new_tokens=64): ...               # tokens as they are accepted
+rid = engine.add_request(prompt, max_new_tokens=32); events = engine.step()   # join/leave every step
+```
+
+One step: admit waiting requests (prefill their prompts into the KV cache), ask the budget policy for
+the step's budget, ask the drafter for trees (``drafter.propose(request_ids, budget=...)``), score all
+trees in one forward (tree attention over our cache), verify each tree (greedy, sampling or SpecInfer),
+commit the accepted nodes' K/V, hand the new tokens to the drafter, retire finished requests.
+
+The budget hook (for the adaptive scheduler): ``EngineConfig.policy`` is any object with
+``plan(view: StepView) -> int | Sequence[int]`` (global budget or one per request, 0 = plain decoding)
+and ``observe(timing: StepTiming)`` called after every step; see ``sssd.policy``. Optional hooks:
+``propose_kwargs(view) -> dict`` (extra ``propose`` arguments, e.g. SLO targets) and ``select(view, batch)``
+(the part of the proposed batch to verify). Without a policy the engine uses the adaptive
+``BudgetPolicy`` (``budget_mode="adaptive"``: the goodput-optimal global budget in 0..``budget`` each step)
+or ``FixedBudget(config.budget, config.per_request_budget)``. A request's own ``budget`` (given to
+``add_request``) overrides the plan for that request.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from sssd.adapter import ModelAdapter
+from sssd.draft_trees import split_batch
+from sssd.policy import FixedBudget, StepTiming, StepView
+from sssd.requests import GenerationResult, Request, StreamEvent, as_prompt_ids
+from sssd.sampling import SamplingParams, as_params, eos_defaults
+from sssd.step_verify import verify_step
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    budget: int = 16  # draft nodes per step for the whole batch (or per request, see below)
+    per_request_budget: bool = False  # True: every tree gets `budget` nodes
+    max_batch_size: int = 8  # requests verified together; more wait in a queue
+    prefill_chunk: int = 512  # prompt tokens per prefill forward
+    initial_cache_rows: int = 256  # KV rows preallocated per request (grown on demand)
+    policy: Any = None  # a budget policy; None = the default below
+    # Default policy: "adaptive" (BudgetPolicy: each step the goodput-optimal global budget in 0..budget,
+    # from a cost model refined online from the engine's own steps, seeded by `cost_profile` if given) or
+    # "fixed" (FixedBudget(budget, per_request_budget)). per_request_budget implies "fixed".
+    budget_mode: str = "adaptive"
+    cost_profile: str | None = None  # JSON written by `sssd profile`
+
+    def __post_init__(self) -> None:
+        for name in ("budget", "max_batch_size", "prefill_chunk", "initial_cache_rows"):
+            v = getattr(self, name)
+            low = 0 if name == "budget" else 1
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
+                raise ValueError(f"EngineConfig.{name} must be an int >= {low}, got {v!r}")
+        if self.budget_mode not in ("adaptive", "fixed"):
+            raise ValueError(
+                f"EngineConfig.budget_mode must be 'adaptive' or 'fixed', got {self.budget_mode!r}"
+            )
+        if self.policy is not None and not (hasattr(self.policy, "plan") and hasattr(self.policy, "observe")):
+            raise TypeError("EngineConfig.policy must have plan(view) and observe(timing) methods")
+
+
+@dataclass
+class EngineStats:
+    steps: int = 0
+    tokens: int = 0
+    accepted: int = 0
+    nodes: int = 0  # draft (non-root) nodes verified
+    draft_time: float = 0.0
+    forward_time: float = 0.0
+    verify_time: float = 0.0
+    prefill_time: float = 0.0
+    step_time: float = 0.0
+    history: list[StepTiming] = field(default_factory=list, repr=False)
+
+
+class Engine:
+    def __init__(
+        self, model: Any, tokenizer: Any = None, drafter: Any = None, config: EngineConfig | None = None
+    ):
+        self.config = config or EngineConfig()
+        if not isinstance(self.config, EngineConfig):
+            raise TypeError(f"config must be an EngineConfig, got {type(self.config).__name__}")
+        self.adapter = ModelAdapter(
+            model, prefill_chunk=self.config.prefill_chunk, initial_capacity=self.config.initial_cache_rows
+        )
+        self.model, self.tokenizer, self.drafter = model, tokenizer, drafter
+        self.vocab_size = self.adapter.vocab_size
+        if tokenizer is not None and hasattr(tokenizer, "__len__") and len(tokenizer) > self.vocab_size:
+            raise ValueError(
+                f"tokenizer has {len(tokenizer)} tokens but {self.adapter.model_class} has {self.vocab_size}"
+            )
+        if drafter is not None:
+            for m in ("add_request", "extend", "propose", "remove_request"):
+                if not callable(getattr(drafter, m, None)):
+                    raise TypeError(f"drafter {type(drafter).__name__} has no {m}() method")
+            ds = getattr(drafter, "datastore", None)
+            if ds is not None:
+                if tokenizer is not None and hasattr(ds, "check_tokenizer"):
+                    ds.check_tokenizer(tokenizer)  # TokenizerMismatchError on a different vocabulary
+                if int(getattr(ds, "vocab_size", 0)) > self.vocab_size:
+                    raise ValueError(
+                        f"datastore vocabulary {ds.vocab_size} is larger than the model's {self.vocab_size}"
+                    )
+        self.policy = self.config.policy or _default_policy(self.config)
+        self.default_eos = eos_defaults(model, tokenizer)
+        self.stats = EngineStats()
+        self._waiting: deque[Request] = deque()
+        self._active: list[Request] = []  # index = cache slot
+        self._finished: dict[int, GenerationResult] = {}
+        self._next_id = 0
+        self._view: StepView | None = None
+
+    # -- requests ------------------------------------------------------------------------------------
+    def add_request(
+        self,
+        prompt: Any,
+        params: SamplingParams | None = None,
+        *,
+        budget: int | None = None,
+        **overrides: Any,
+    ) -> int:
+        """Queue a request (text or token ids); it joins the batch at the next step. Returns its id.
+        ``overrides``: SamplingParams fields (max_new_tokens, temperature, top_k, top_p, seed, stop, ...)."""
+        params = as_params(params, overrides)
+        ids = as_prompt_ids(prompt, self.tokenizer, self.vocab_size)
+        if len(ids) >= self.adapter.max_positions:
+            raise ValueError(
+                f"prompt of {len(ids)} tokens does not fit the model's context "
+                f"of {self.adapter.max_positions} tokens"
+            )
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
+            raise ValueError(f"budget must be an int >= 0, got {budget!r}")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer")
+        eos = self.default_eos if params.eos_token_ids is None else params.eos_token_ids
+        rid = self._next_id
+        self._next_id += 1
+        req = Request(rid, ids, params, frozenset(eos), budget, self.adapter.max_positions, self.tokenizer)
+        self._waiting.append(req)
+        return rid
+
+    def has_unfinished(self) -> bool:
+        return bool(self._waiting or self._active)
+
+    def result(self, rid: int) -> GenerationResult | None:
+        """The result of a finished request (kept until taken)."""
+        return self._finished.pop(rid, None)
+
+    def _admit(self) -> None:
+        while self._waiting and len(self._active) < self.config.max_batch_size:
+            req = self._waiting.popleft()
+            t0 = time.perf_counter()
+            slot = self.adapter.cache.add()
+            assert slot == len(self._active)
+            self._active.append(req)
+            self.adapter.prefill(slot, req.prompt[:-1])  # the last prompt token is the first step's root
+            if self.drafter is not None:
+                self.drafter.add_request(req.rid, req.prompt.astype(np.int32))
+            req.stats.prefill_time = time.perf_counter() - t0
+            self.stats.prefill_time += req.stats.prefill_time
+
+    # -- one step ------------------------------------------------------------------------------------
+    def _plan(self) -> int | list[int]:
+        reqs = self._active
+        view = StepView(
+            [r.rid for r in reqs],
+            [r.context_len for r in reqs],
+            [r.remaining for r in reqs],
+            [r.budget for r in reqs],
+        )
+        self._view = view
+        plan = self.policy.plan(view) if self.drafter is not None else 0
+        if not isinstance(plan, (int, np.integer)):
+            plan = [int(x) for x in plan]
+            if len(plan) != len(reqs):
+                raise ValueError(f"policy planned {len(plan)} budgets for {len(reqs)} requests")
+        if any(r.budget is not None for r in reqs):  # own budgets override the plan
+            share = plan if isinstance(plan, list) else [int(plan) // len(reqs)] * len(reqs)
+            plan = [r.budget if r.budget is not None else s for r, s in zip(reqs, share, strict=True)]
+        return plan if isinstance(plan, list) else int(plan)
+
+    def step(self) -> list[StreamEvent]:
+        """Run one step for every active request (admitting waiting ones first). Returns the events."""
+        self._admit()
+        reqs = self._active
+        if not reqs:
+            return []
+        t0 = time.perf_counter()
+        plan = self._plan()
+        rids = [r.rid for r in reqs]
+        last = [r.last_token for r in reqs]
+        max_depth = [r.remaining - 1 for r in reqs]
+        batch = None
+        if self.drafter is not None and (plan if isinstance(plan, int) else sum(plan)) > 0:
+            # optional hooks of the budget policy: extra propose arguments (SLO targets and the predicted
+            # step time) and the choice of how much of the proposed batch to keep
+            kwargs = getattr(self.policy, "propose_kwargs", None)
+            batch = self.drafter.propose(rids, budget=plan, **(kwargs(self._view) if kwargs else {}))
+            select = getattr(self.policy, "select", None)
+            if select is not None and isinstance(plan, int):  # a global budget: the policy may cut it
+                batch = select(self._view, batch)
+            trees = split_batch(batch, last, self.vocab_size, max_depth)
+        else:
+            trees = split_batch(_RootsOnly(last), last, self.vocab_size, max_depth)
+        t1 = time.perf_counter()
+        context_tokens = int(self.adapter.cache.lengths.sum())
+        logits = self.adapter.forward_trees([t for t, _ in trees])
+        t2 = time.perf_counter()
+        draft_probs = getattr(batch, "draft_probs", None) if batch is not None else None
+        paths, bonus = verify_step(logits, trees, reqs, draft_probs)
+        self.adapter.commit(paths)
+        events, accepted = [], []
+        for req, (tree, _), path, b in zip(reqs, trees, paths, bonus, strict=True):
+            a = len(path) - 1
+            accepted.append(a)
+            kept = req.append([*tree.tokens[path[1:]].tolist(), b])
+            st = req.stats
+            st.steps += 1
+            st.accepted += a
+            st.draft_nodes += len(tree.tokens) - 1
+            st.draft_time += t1 - t0
+            st.forward_time += t2 - t1
+            if self.drafter is not None and not req.finish_reason:
+                self.drafter.extend(req.rid, np.asarray(kept, dtype=np.int32))
+            events.append(StreamEvent(req.rid, kept, "", req.finish_reason is not None, req.finish_reason))
+        if batch is not None and hasattr(self.drafter, "observe"):
+            self.drafter.observe(rids, batch, np.asarray(accepted, dtype=np.int64))
+        events = self._retire(events)
+        t3 = time.perf_counter()
+        for req in reqs:
+            req.stats.step_time += t3 - t0
+        nodes = sum(len(t.tokens) for t, _ in trees)
+        timing = StepTiming(
+            len(rids), plan if isinstance(plan, int) else tuple(plan), nodes, context_tokens, tuple(accepted),
+            t1 - t0, t2 - t1, t3 - t2, t3 - t0,
+        )  # fmt: skip
+        s = self.stats
+        s.steps += 1
+        s.tokens += sum(len(e.tokens) for e in events)
+        s.accepted += sum(accepted)
+        s.nodes += nodes - len(rids)
+        s.draft_time += t1 - t0
+        s.forward_time += t2 - t1
+        s.verify_time += t3 - t2
+        s.step_time += t3 - t0
+        s.history.append(timing)
+        self.policy.observe(timing)
+        return events
+
+    def _retire(self, events: list[StreamEvent]) -> list[StreamEvent]:
+        """Free the slots of finished requests (highest slot first: the last slot moves into a freed one)."""
+        out = list(events)
+        for slot in range(len(self._active) - 1, -1, -1):
+            req = self._active[slot]
+            if not req.finish_reason:
+                continue
+            res = req.result()
+            out[slot] = StreamEvent(req.rid, events[slot].tokens, "", True, req.finish_reason, res)
+            self._finished[req.rid] = res
+            if self.drafter is not None:
+                self.drafter.remove_request(req.rid)
+            if hasattr(self.policy, "remove_request"):  # per-request state of the budget policy
+                self.policy.remove_request(req.rid)
+            moved = self.adapter.cache.remove(slot)
+            if moved is not None:
+                self._active[slot] = self._active[moved]
+            self._active.pop()
+        return out
+
+    # -- convenience ---------------------------------------------------------------------------------
+    def _add_all(
+        self, prompts: Any, params: SamplingParams | None, budget: int | None, kw: dict
+    ) -> list[int]:
+        if isinstance(prompts, (str, np.ndarray)) or (
+            isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], (int, np.integer))
+        ):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if not prompts:
+            raise ValueError("no prompts")
+        params = as_params(params, kw)
+        rids = []
+        for i, p in enumerate(prompts):
+            own = params
+            if params.seed is not None:  # distinct, reproducible streams per prompt
+                own = as_params(params, {"seed": params.seed + i})
+            rids.append(self.add_request(p, own, budget=budget))
+        return rids
+
+    def generate(
+        self, prompts: Any, params: SamplingParams | None = None, *, budget: int | None = None, **kw: Any
+    ) -> list[GenerationResult]:
+        """Generate for every prompt (run to completion); results in prompt order. ``kw``: SamplingParams
+        fields (max_new_tokens, temperature, top_k, top_p, seed, stop, eos_token_ids). With a seed, prompt
+        ``i`` samples with ``seed + i``."""
+        rids = self._add_all(prompts, params, budget, kw)
+        want = set(rids)
+        while want & self._finished.keys() != want:
+            self.step()
+        return [self._finished.pop(r) for r in rids]
+
+    def stream(
+        self, prompts: Any, params: SamplingParams | None = None, *, budget: int | None = None, **kw: Any
+    ) -> Iterator[StreamEvent]:
+        """Like ``generate`` but yields a StreamEvent (with text deltas) whenever tokens are accepted."""
+        rids = self._add_all(prompts, params, budget, kw)
+        texts = dict.fromkeys(rids, "")
+        toks: dict[int, list[int]] = {r: [] for r in rids}
+        pending = set(rids)
+        while pending:
+            for e in self.step():
+                if e.request_id not in pending:
+                    continue
+                toks[e.request_id].extend(e.tokens)
+                text = (
+                    self.tokenizer.decode(toks[e.request_id], skip_special_tokens=True)
+                    if self.tokenizer
+                    else ""
+                )
+                delta, texts[e.request_id] = text[len(texts[e.request_id]) :], text
+                if e.finished:
+                    pending.discard(e.request_id)
+                    self._finished.pop(e.request_id, None)
+                if e.tokens or e.finished:
+                    yield StreamEvent(e.request_id, e.tokens, delta, e.finished, e.finish_reason, e.result)
+
+
+def _default_policy(config: EngineConfig) -> Any:
+    if config.budget_mode == "fixed" or config.per_request_budget:
+        return FixedBudget(int(config.budget), config.per_request_budget)
+    from sssd.costmodel import CostModel
+    from sssd.policy import BudgetConfig, BudgetPolicy
+
+    cost = CostModel.load(config.cost_profile) if config.cost_profile else None
+    return BudgetPolicy(BudgetConfig(mode="adaptive", budget=int(config.budget)), cost)
+
+
+@dataclass(frozen=True)
+class _RootsOnly:
+    """A draft batch with no draft nodes (plain decoding step)."""
+
+    roots: Iterable[int]
+
+    def __post_init__(self) -> None:
+        r = np.asarray(list(self.roots), dtype=np.int64)
+        object.__setattr__(self, "tokens", r)
+        object.__setattr__(self, "parents", np.full(len(r), -1, np.int64))
+        object.__setattr__(self, "depth", np.zeros(len(r), np.int64))
+        object.__setattr__(self, "offsets", np.arange(len(r) + 1, dtype=np.int64))

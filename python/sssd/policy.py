@@ -1,0 +1,384 @@
+"""Per-step speculation budget: fixed, or adaptive (goodput-driven, optionally SLO-aware).
+
+Each step the adaptive policy asks the drafter for ONE batch at the largest budget, evaluates every
+global budget 0..K from the batch's ``gain`` curve and the :class:`~sssd.costmodel.CostModel`, and keeps
+the prefix with the highest expected goodput (``batch.truncate(k)``). Budget 0 (plain decoding) is always
+a candidate. When speculation has not paid for a while the policy stops calling the drafter (its time is
+saved too) and probes again with exponential back-off.
+
+With TPOT targets (``set_slo``), among the budgets whose expected goodput is within
+``slo_goodput_tolerance`` of the best, it picks the one that is predicted to meet the most (priority-
+weighted) targets, with nodes re-ranked so that requests falling short of their target get them first.
+
+The engine's hook (any object with these methods works; see ``sssd.engine``): ``plan(view: StepView)``
+returns the step's budget (a global int or one per request; 0 = plain decoding), an optional
+``select(view, batch)`` truncates the proposed batch, and ``observe(timing: StepTiming)`` gets the
+measured step. ``FixedBudget`` is the minimal policy; ``BudgetPolicy`` the adaptive one (the default).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from sssd.budget import (
+    BudgetChoice,
+    accumulated_probs,
+    cap_per_request,
+    choose_budget,
+    request_gain_table,
+    slo_first,
+    truncate_batch,
+)
+from sssd.costmodel import CostModel, StepSample
+
+MODES = ("adaptive", "fixed")
+
+
+@dataclass(frozen=True)
+class StepView:
+    """What a policy sees before a step. Lists are in batch (slot) order."""
+
+    request_ids: list[int]
+    context_lens: list[int]  # committed tokens per request
+    remaining: list[int]  # tokens each request may still produce
+    own_budgets: list[int | None]  # per-request budgets given at add_request (None = not set)
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """One finished step. Times in seconds."""
+
+    batch_size: int
+    budget: int | tuple[int, ...]  # what plan() returned (after per-request overrides)
+    num_nodes: int  # nodes in the forward, roots included
+    context_tokens: int  # committed tokens attended to (sum over requests, before the step)
+    accepted: tuple[int, ...]  # accepted draft nodes per request (bonus excluded)
+    draft_time: float
+    forward_time: float
+    verify_time: float  # verification + KV commit + bookkeeping
+    step_time: float
+
+
+class PolicyHook(Protocol):
+    """What the engine needs of a budget policy (``BudgetPolicy`` below is the full one)."""
+
+    def plan(self, view: StepView) -> int | Sequence[int]: ...
+
+    def observe(self, timing: StepTiming) -> None: ...
+
+
+@dataclass
+class FixedBudget:
+    """The minimal policy: the same budget every step. ``per_request`` gives each tree ``budget`` nodes
+    instead of sharing ``budget`` across the batch."""
+
+    budget: int = 16
+    per_request: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.budget, bool) or not isinstance(self.budget, int) or self.budget < 0:
+            raise ValueError(f"budget must be an int >= 0, got {self.budget!r}")
+
+    def plan(self, view: StepView) -> int | Sequence[int]:
+        if self.per_request:
+            return [self.budget] * len(view.request_ids)
+        return self.budget
+
+    def observe(self, timing: StepTiming) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class BudgetConfig:
+    """How the engine chooses the global speculation budget of each step."""
+
+    mode: str = "adaptive"  # "adaptive" (default) | "fixed"
+    budget: int = 64  # fixed: the budget; adaptive: the largest candidate (the propose size)
+    max_per_request: int | None = None  # cap on any one request's tree (non-root nodes)
+    min_gain: float = 0.02  # speculate only if predicted goodput beats plain decoding by this much
+    acceptance_correction: bool = True  # scale Σf by the observed/predicted acceptance ratio
+    correction_window: float = 64.0  # steps (exponential forgetting of the ratio's evidence)
+    max_backoff: int = 32  # longest run of steps without calling the drafter before probing again
+    slo_slack_s: float = 0.0  # ε added to the predicted step time when deciding who falls short
+    slo_goodput_tolerance: float = 0.05  # expected goodput the SLO choice may give up
+    slo_via_drafter: bool = True  # SLO-first selection by the drafter (propose(slo=..., step_time=...))
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"budget mode must be one of {MODES}, got {self.mode!r}")
+        if self.budget < 0:
+            raise ValueError(f"budget must be >= 0, got {self.budget}")
+        if self.max_per_request is not None and self.max_per_request < 0:
+            raise ValueError("max_per_request must be >= 0 or None")
+        if not 0.0 <= self.slo_goodput_tolerance < 1.0:
+            raise ValueError("slo_goodput_tolerance must be in [0, 1)")
+
+
+@dataclass(frozen=True)
+class SLOTarget:
+    tpot_s: float  # time per output token target, seconds
+    priority: float = 0.0  # larger = served first among requests that fall short
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What the policy decided for one step. ``batch`` is None when no propose call was made."""
+
+    batch: object | None  # the truncated DraftBatch (or None: plain decoding)
+    budget: int
+    expected_accepted: float  # corrected Σf of the kept nodes
+    predicted_s: float
+    drafted: bool
+    choice: BudgetChoice | None = None
+
+
+@dataclass
+class AcceptanceStats:
+    """Observed vs predicted accepted tokens (the acceptance model check)."""
+
+    predicted: float = 0.0  # forgotten sums used for the correction factor
+    observed: float = 0.0
+    total_predicted: float = 0.0  # plain totals, for reports
+    total_observed: float = 0.0
+    steps: int = 0
+
+    @property
+    def ratio(self) -> float:
+        """observed / predicted over the whole run (1.0 = calibrated; < 1: over-confident drafter)."""
+        return self.total_observed / self.total_predicted if self.total_predicted > 0 else float("nan")
+
+
+@dataclass
+class _RequestStats:
+    time_s: float = 0.0
+    tokens: int = 0
+
+
+class BudgetPolicy:
+    """Chooses each step's budget; owns the cost model and the acceptance check.
+
+    The engine's hook: ``plan(view)`` returns the budget to propose at (0 = plain decoding step, no
+    drafter call); ``select(view, batch)`` returns the batch truncated to the chosen global budget;
+    ``observe(timing)`` takes the measured step. ``step(drafter, view)`` does plan + propose + select
+    for callers that drive the drafter themselves (the serving simulator)."""
+
+    def __init__(self, config: BudgetConfig | None = None, cost_model: CostModel | None = None) -> None:
+        self.config = config or BudgetConfig()
+        self.cost = cost_model or CostModel()
+        self.acceptance = AcceptanceStats()
+        self.slo: dict[int, SLOTarget] = {}
+        self.history: list[tuple[int, int]] = []  # (batch size, chosen budget) per step
+        self._requests: dict[int, _RequestStats] = {}
+        self._skip = 0  # steps left without proposing
+        self._backoff = 1
+        self._last: StepPlan | None = None
+        self._last_rids: list[int] = []
+        self._last_step_s = 0.0
+        self._slo_proposed = False
+        self._finished: dict[int, tuple[float, int, SLOTarget | None]] = {}
+
+    # -- requests -----------------------------------------------------------------------------------
+    def set_slo(self, rid: int, tpot_s: float | None, priority: float = 0.0) -> None:
+        """Gives request ``rid`` a TPOT target (seconds per output token); None removes it."""
+        if tpot_s is None:
+            self.slo.pop(rid, None)
+            return
+        if not tpot_s > 0:
+            raise ValueError(f"TPOT target must be > 0 seconds, got {tpot_s}")
+        self.slo[rid] = SLOTarget(float(tpot_s), float(priority))
+
+    def remove_request(self, rid: int) -> None:
+        st = self._requests.pop(rid, None)
+        if st is not None:
+            self._finished[rid] = (st.time_s, st.tokens, self.slo.get(rid))
+        self.slo.pop(rid, None)
+
+    @property
+    def correction(self) -> float:
+        a = self.acceptance
+        if not self.config.acceptance_correction or a.predicted < 8.0:
+            return 1.0  # not enough evidence yet
+        return float(np.clip(a.observed / a.predicted, 0.25, 2.0))
+
+    # -- the engine hook ------------------------------------------------------------------------------
+    def plan(self, view) -> int:
+        """Budget to propose at this step: the largest candidate, or 0 (plain decoding) when there is
+        nothing to gain or speculation has stopped paying (then re-probed with exponential back-off)."""
+        rids = list(view.request_ids)
+        n_context = int(sum(view.context_lens))
+        cfg = self.config
+        self._last_rids = rids
+        self._last = StepPlan(None, 0, 0.0, self._predict(len(rids), n_context, 0, False), False)
+        if not rids or cfg.budget == 0:
+            return 0
+        if cfg.mode == "adaptive" and self._skip > 0:
+            self._skip -= 1
+            return 0
+        return cfg.budget
+
+    def propose_kwargs(self, view) -> dict:
+        """Extra ``propose`` arguments: with TPOT targets in the batch (and ``slo_via_drafter``), the
+        targets and the predicted step time, so that the drafter's SLO-aware selection ranks the nodes
+        of requests falling short of their targets first."""
+        targets, _ = self._targets(list(view.request_ids))
+        self._slo_proposed = False
+        if not (self.config.slo_via_drafter and np.isfinite(targets).any()):
+            return {}
+        self._slo_proposed = True
+        slo = [float(t) if np.isfinite(t) else None for t in targets]
+        step_s = self._last_step_s or self._predict(len(targets), int(sum(view.context_lens)), 0, False)
+        return {"slo": slo, "step_time": max(step_s, 1e-6), "slack": self.config.slo_slack_s}
+
+    def select(self, view, batch):
+        """Truncates the proposed ``batch`` to the chosen global budget (fixed: the configured one;
+        adaptive: the best expected goodput; SLO targets: see the module doc). A batch without
+        ``rank``/``gain`` (a drafter outside the contract's scheduling fields) is verified whole."""
+        cfg = self.config
+        if not (hasattr(batch, "rank") and hasattr(batch, "gain")):
+            k = int(len(batch.tokens) - len(batch.offsets) + 1)
+            self._last = StepPlan(batch, k, 0.0, self._predict(len(view.request_ids), 0, k, True), True)
+            return batch
+        rids = list(view.request_ids)
+        b = len(rids)
+        n_context = int(sum(view.context_lens))
+        if cfg.max_per_request is not None:
+            batch = cap_per_request(batch, cfg.max_per_request)
+        if cfg.mode == "fixed":
+            k = min(cfg.budget, len(batch.gain) - 1)
+            exp = float(self.correction * batch.gain[k])
+            pred = float(self.cost.predict(b, n_context, k, drafted=True, draft_budget=cfg.budget).total)
+            self._last = StepPlan(truncate_batch(batch, k), k, exp, pred, True)
+            return self._last.batch
+        choice = choose_budget(
+            batch.gain,
+            b,
+            n_context,
+            self.cost,
+            correction=self.correction,
+            min_gain=cfg.min_gain,
+            draft_budget=cfg.budget,
+        )
+        targets, prio = self._targets(rids)
+        if np.isfinite(targets).any():
+            rerank = not getattr(self, "_slo_proposed", False)
+            batch, choice = self._slo_choice(batch, choice, b, n_context, targets, prio, rerank)
+        self._update_backoff(choice, b, n_context)
+        k = choice.budget
+        self._last = StepPlan(
+            truncate_batch(batch, k), k, choice.expected_accepted, choice.predicted_s, True, choice
+        )
+        self._last_step_s = choice.predicted_s
+        return self._last.batch
+
+    def step(self, drafter, view) -> StepPlan:
+        """plan + ``drafter.propose`` + select, for callers that drive the drafter themselves."""
+        k = self.plan(view)
+        if k > 0 and drafter is not None:
+            kw = self.propose_kwargs(view)
+            if kw and "step_time" not in inspect.signature(drafter.propose).parameters:
+                kw, self._slo_proposed = {}, False  # a drafter without SLO selection: re-rank here
+            self.select(view, drafter.propose(list(view.request_ids), budget=k, **kw))
+        return self._last
+
+    def _predict(self, b: int, n_context: int, k: int, drafted: bool) -> float:
+        if b == 0:
+            return 0.0
+        return float(self.cost.predict(b, n_context, k, drafted=drafted).total)
+
+    def _targets(self, rids) -> tuple[np.ndarray, np.ndarray]:
+        t = np.array([self.slo[r].tpot_s if r in self.slo else np.inf for r in rids])
+        p = np.array([self.slo[r].priority if r in self.slo else 0.0 for r in rids])
+        return t, p
+
+    def _update_backoff(self, choice: BudgetChoice, b: int, n_context: int) -> None:
+        """Stops calling the drafter while speculation loses to plain decoding (draft time included)."""
+        plain = b / max(self._predict(b, n_context, 0, False), 1e-9)
+        if choice.budget == 0 and float(choice.goodput.max()) <= plain:
+            self._skip = self._backoff
+            self._backoff = min(2 * self._backoff, self.config.max_backoff)
+        else:
+            self._backoff = 1
+
+    def _slo_choice(self, batch, choice: BudgetChoice, b, n_context, targets, prio, rerank: bool):
+        """Re-ranks SLO-first for the throughput choice's step time (unless the drafter already did),
+        then picks, among budgets within the goodput tolerance of the best, the one meeting the most
+        priority-weighted targets."""
+        cfg = self.config
+        step_s = max(choice.predicted_s, 1e-9)
+        ranked = (
+            slo_first(batch, step_s, targets, slack_s=cfg.slo_slack_s, priority=prio) if rerank else batch
+        )
+        corr = self.correction
+        c2 = choose_budget(ranked.gain, b, n_context, self.cost, correction=corr, draft_budget=cfg.budget)
+        best_gp = float(choice.goodput.max())
+        table = request_gain_table(ranked, accumulated_probs(ranked))  # [K+1, B]
+        tpot = c2.step_s[:, None] / (1.0 + corr * table)  # predicted TPOT per budget and request
+        weight = np.where(np.isfinite(targets), 1.0 + np.maximum(prio, 0.0), 0.0)
+        met = ((tpot <= targets[None, :]) * weight[None, :]).sum(axis=1)
+        ok = c2.goodput >= (1.0 - cfg.slo_goodput_tolerance) * best_gp
+        if not ok.any():
+            return batch, choice
+        score = np.where(ok, met, -1.0)
+        cand = np.flatnonzero(score == score.max())
+        k = int(cand[np.argmax(c2.goodput[cand])])  # most targets met, then the best goodput
+        exp = float(corr * ranked.gain[k])
+        return ranked, BudgetChoice(k, exp, float(c2.step_s[k]), c2.goodput, c2.step_s)
+
+    # -- feedback -----------------------------------------------------------------------------------
+    def observe(self, timing) -> None:
+        """Feeds one measured step back (the engine's :class:`StepTiming`): the cost
+        model, the acceptance check (Σ accepted vs the plan's expected Σf) and per-request TPOT."""
+        plan = self._last
+        drafted = plan is not None and plan.drafted
+        b = int(timing.batch_size)
+        self.cost.observe(
+            StepSample(
+                batch_size=b,
+                n_context=int(timing.context_tokens),
+                n_batched=int(timing.num_nodes),
+                budget=int(self.config.budget) if drafted else 0,
+                forward_s=float(timing.forward_time),
+                draft_s=float(timing.draft_time),
+                other_s=max(0.0, float(timing.step_time) - timing.forward_time - timing.draft_time),
+            )
+        )
+        self.history.append((b, 0 if plan is None else plan.budget))
+        accepted = np.asarray(timing.accepted, dtype=np.float64)
+        if drafted and plan.budget > 0:
+            pred = plan.expected_accepted / max(self.correction, 1e-9)  # back to the raw Σf
+            a = self.acceptance
+            decay = 1.0 - 1.0 / max(self.config.correction_window, 1.0)
+            a.predicted = decay * a.predicted + pred
+            a.observed = decay * a.observed + float(accepted.sum())
+            a.total_predicted += pred
+            a.total_observed += float(accepted.sum())
+            a.steps += 1
+        if len(self._last_rids) == len(accepted):
+            for rid, n in zip(self._last_rids, accepted, strict=True):
+                if rid in self._finished:  # removed during this step (the engine retires first)
+                    t, k, target = self._finished[rid]
+                    self._finished[rid] = (t + float(timing.step_time), k + int(n) + 1, target)
+                    continue
+                st = self._requests.setdefault(rid, _RequestStats())
+                st.time_s += float(timing.step_time)
+                st.tokens += int(n) + 1
+
+    # -- reports ------------------------------------------------------------------------------------
+    def slo_report(self) -> dict[int, dict]:
+        """Per request (live and finished): TPOT so far, its target and whether it is met."""
+        out = {}
+        live = {r: (s.time_s, s.tokens, self.slo.get(r)) for r, s in self._requests.items()}
+        for rid, (time_s, tokens, target) in {**self._finished, **live}.items():
+            tpot = time_s / tokens if tokens else float("nan")
+            out[rid] = {
+                "tpot_s": tpot,
+                "target_s": None if target is None else target.tpot_s,
+                "priority": None if target is None else target.priority,
+                "met": None if target is None or not tokens else bool(tpot <= target.tpot_s),
+            }
+        return out

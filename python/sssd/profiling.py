@@ -1,0 +1,231 @@
+"""Measure a model's step cost on this machine and fit the :class:`~sssd.costmodel.CostModel` profile.
+
+Forward: the real engine runs steps over a grid of (batch size, context length, tree tokens) with a
+synthetic drafter (random trees of exactly the requested size: acceptance ≈ 0, so contexts stay near the
+grid point) and a recording budget policy; every step's own timing (forward, verification/bookkeeping)
+is a sample. Drafting: the real drafter's ``propose`` is timed over a grid of (batch size, budget) on
+recorded pairs. Both are fitted robustly and saved as JSON with the raw samples and machine metadata.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+
+from sssd.costmodel import CostModel, StepSample
+
+
+@dataclass(frozen=True)
+class ProfileGrid:
+    batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
+    contexts: tuple[int, ...] = (64, 256, 768)  # prompt tokens per request
+    budgets: tuple[int, ...] = (0, 8, 16, 32, 64)  # global tree tokens (non-root) per step
+    steps: int = 3  # measured steps per point (after one warm-up step)
+    draft_batch_sizes: tuple[int, ...] = (1, 4, 16, 32)
+    draft_budgets: tuple[int, ...] = (8, 32, 64, 128)
+    draft_repeats: int = 5
+
+    @classmethod
+    def quick(cls) -> ProfileGrid:
+        return cls((1, 4), (64, 256), (0, 16, 64), 2, (1, 8), (16, 64), 3)
+
+
+class SyntheticDrafter:
+    """Drafter API stand-in proposing random trees of exactly the requested global budget (split evenly
+    over the requests), for timing the forward pass; random tokens are (almost) never accepted."""
+
+    def __init__(self, vocab_size: int, seed: int = 0, fanout: int = 3) -> None:
+        self.vocab_size = int(vocab_size)
+        self.rng = np.random.default_rng(seed)
+        self.fanout = fanout
+        self._last: dict[int, int] = {}
+
+    def add_request(self, rid: int, prompt_ids) -> None:
+        self._last[rid] = int(np.asarray(prompt_ids)[-1])
+
+    def extend(self, rid: int, new_ids) -> None:
+        if len(new_ids):
+            self._last[rid] = int(np.asarray(new_ids)[-1])
+
+    def remove_request(self, rid: int) -> None:
+        self._last.pop(rid, None)
+
+    def observe(self, rids, batch, accepted_counts) -> None:
+        pass
+
+    def propose(self, rids: Sequence[int], budget=0, slo=None):
+        rids = list(rids)
+        b = len(rids)
+        if isinstance(budget, (int, np.integer)):
+            per = np.full(b, int(budget) // b) + (np.arange(b) < int(budget) % b)
+        else:
+            per = np.asarray(budget, dtype=np.int64)
+        tokens, parents, depth, offsets = [], [], [], [0]
+        for rid, k in zip(rids, per, strict=True):
+            tokens.append(self._last[rid])
+            parents.append(-1)
+            depth.append(0)
+            base = len(depth) - 1
+            for j in range(1, int(k) + 1):
+                p = int(self.rng.integers(max(0, j - self.fanout), j))
+                tokens.append(int(self.rng.integers(0, self.vocab_size)))
+                parents.append(p)
+                depth.append(depth[base + p] + 1)
+            offsets.append(len(tokens))
+        n = len(tokens)
+        return _Batch(
+            np.array(tokens, dtype=np.int32),
+            np.array(parents, dtype=np.int32),
+            np.where(np.array(parents) < 0, 1.0, 0.0).astype(np.float32),
+            np.array(depth, dtype=np.int32),
+            np.array(offsets, dtype=np.int64),
+            np.where(np.array(parents) < 0, -1, np.arange(n)).astype(np.int32),
+            np.zeros(n - b + 1),
+        )
+
+
+@dataclass(frozen=True)
+class _Batch:
+    tokens: np.ndarray
+    parents: np.ndarray
+    probs: np.ndarray
+    depth: np.ndarray
+    offsets: np.ndarray
+    rank: np.ndarray
+    gain: np.ndarray
+
+
+class _Recorder:
+    """Budget policy for profiling: plans ``budget``; keeps the engine's step timings."""
+
+    def __init__(self) -> None:
+        self.budget = 0
+        self.timings: list[Any] = []
+
+    def plan(self, view) -> int:
+        return self.budget
+
+    def observe(self, timing) -> None:
+        self.timings.append(timing)
+
+
+def profile_forward(
+    model: Any, grid: ProfileGrid, *, seed: int = 0, progress: Callable[[str], None] | None = None
+) -> list[StepSample]:
+    """Engine steps over the grid; one :class:`StepSample` per measured step (draft part excluded)."""
+    from sssd.engine import Engine, EngineConfig
+
+    vocab = int(model.config.vocab_size)
+    rng = np.random.default_rng(seed)
+    out: list[StepSample] = []
+    for b in grid.batch_sizes:
+        for ctx in grid.contexts:
+            rec = _Recorder()
+            eng = Engine(
+                model,
+                drafter=SyntheticDrafter(vocab, seed),
+                config=EngineConfig(policy=rec, max_batch_size=b, initial_cache_rows=ctx + 256),
+            )
+            for _ in range(b):
+                prompt = rng.integers(3, vocab, ctx).tolist()
+                eng.add_request(prompt, max_new_tokens=10_000, eos_token_ids=[])
+            for k in grid.budgets:
+                rec.budget = k
+                eng.step()  # warm-up (and admission/prefill on the first point)
+                start = len(rec.timings)
+                for _ in range(grid.steps):
+                    eng.step()
+                for t in rec.timings[start:]:
+                    out.append(
+                        StepSample(
+                            batch_size=t.batch_size,
+                            n_context=t.context_tokens,
+                            n_batched=t.num_nodes,
+                            budget=0,
+                            forward_s=t.forward_time,
+                            draft_s=0.0,
+                            other_s=max(0.0, t.step_time - t.forward_time - t.draft_time),
+                        )
+                    )
+                if progress:
+                    ms = 1e3 * np.median([t.forward_time for t in rec.timings[start:]])
+                    progress(f"forward  batch {b:3d}  context {ctx:5d}  tree {k:4d}: {ms:8.2f} ms")
+    return out
+
+
+def profile_drafting(
+    make_drafter: Callable[[], Any],
+    contexts: Sequence[np.ndarray],
+    grid: ProfileGrid,
+    *,
+    progress: Callable[[str], None] | None = None,
+) -> list[tuple[int, int, float]]:
+    """(batch size, budget, seconds) of ``propose`` calls; requests' contexts cycle through ``contexts``."""
+    out = []
+    for b in grid.draft_batch_sizes:
+        drafter = make_drafter()
+        rids = list(range(b))
+        for i in rids:
+            drafter.add_request(i, np.asarray(contexts[i % len(contexts)], dtype=np.int32))
+        for k in grid.draft_budgets:
+            drafter.propose(rids, budget=k)  # warm-up
+            times = []
+            for _ in range(grid.draft_repeats):
+                t0 = time.perf_counter()
+                drafter.propose(rids, budget=k)
+                times.append(time.perf_counter() - t0)
+            out.extend((b, k, t) for t in times)
+            if progress:
+                progress(f"drafting batch {b:3d}  budget {k:4d}: {1e3 * np.median(times):8.3f} ms")
+    return out
+
+
+def fit_profile(forward: Sequence[StepSample], drafting: Sequence[tuple[int, int, float]], meta=None):
+    """A CostModel fitted on the samples alone (no prior)."""
+    cm = CostModel(prior_weight=0.0, window=max(16, len(forward) + len(drafting)), forget=1.0, meta=meta)
+    for s in forward:
+        cm.observe(s)
+    for b, k, t in drafting:
+        cm.draft.add([b, k, 1.0], t)
+    for part in (cm.forward, cm.draft, cm.other):
+        if part.num_samples:
+            part.refit()
+    return cm
+
+
+def machine_meta(model_name: str) -> dict:
+    import torch
+
+    dev = "cuda:" + torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    return {
+        "model": model_name,
+        "device": dev,
+        "machine": platform.machine(),
+        "processor": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def samples_json(forward: Sequence[StepSample], drafting) -> dict:
+    return {
+        "forward_samples": [asdict(s) for s in forward],
+        "draft_samples": [{"batch_size": b, "budget": k, "seconds": t} for b, k, t in drafting],
+    }
+
+
+def fit_error(cm: CostModel, forward: Sequence[StepSample]) -> float:
+    """Median relative error of the fitted forward model on its samples."""
+    if not forward:
+        return float("nan")
+    x = np.array([[s.n_context, s.n_batched, 1.0] for s in forward])
+    y = np.array([s.forward_s for s in forward])
+    return float(np.median(np.abs(cm.forward.predict(x) - y) / np.maximum(y, 1e-9)))

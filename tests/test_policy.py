@@ -1,0 +1,183 @@
+"""Budget policy: goodput choice, per-request caps, SLO-first allocation, acceptance check."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from sssd.budget import accumulated_probs, cap_per_request, choose_budget, request_gain_table, slo_first
+from sssd.costmodel import CostModel
+from sssd.policy import BudgetConfig, BudgetPolicy, StepTiming, StepView
+
+from tests.fake_drafts import FakeDrafter, make_batch
+
+
+def _view(rids, ctx):
+    return StepView(list(rids), list(ctx), [1000] * len(rids), [None] * len(rids))
+
+
+@dataclasses.dataclass(frozen=True)
+class _NoTruncate:
+    tokens: np.ndarray
+    parents: np.ndarray
+    probs: np.ndarray
+    depth: np.ndarray
+    offsets: np.ndarray
+    rank: np.ndarray
+    gain: np.ndarray
+
+
+def chain(n, p):
+    return (list(range(n)), [p] * n)  # node j's parent is j (the previous node; 0 = root)
+
+
+def flat_cost(per_token=1e-4, const=1e-2, draft=0.0):
+    """Forward = const + per_token·tokens; no context term; drafting costs ``draft`` per call."""
+    return CostModel(forward=(0.0, per_token, const), draft=(0.0, 0.0, draft), other=(0.0, 0.0, 0.0))
+
+
+def test_fake_batch_ranks_greedily_across_requests():
+    b = make_batch([chain(3, 0.9), chain(3, 0.5)])
+    f = accumulated_probs(b)
+    np.testing.assert_allclose(f[1:4], [0.9, 0.81, 0.729], rtol=1e-6)
+    # greedy by f: 0.9, 0.81, 0.729, then 0.5 of the second request
+    assert list(b.rank) == [-1, 0, 1, 2, -1, 3, 4, 5]
+    np.testing.assert_allclose(b.gain[:5], [0, 0.9, 1.71, 2.439, 2.939], rtol=1e-6)
+    t = b.truncate(4)
+    assert list(t.offsets) == [0, 4, 6] and list(t.parents) == [-1, 0, 1, 2, -1, 0]
+
+
+def test_budget_zero_when_acceptance_is_zero():
+    b = make_batch([chain(16, 0.0), chain(16, 0.0)])
+    c = choose_budget(b.gain, 2, 100, flat_cost())
+    assert c.budget == 0
+
+
+def test_budget_zero_when_cost_is_steep():
+    b = make_batch([chain(16, 0.9)] * 4)
+    # each extra token costs as much as the whole step: speculation cannot pay
+    c = choose_budget(b.gain, 4, 100, flat_cost(per_token=1e-2, const=1e-3))
+    assert c.budget == 0
+
+
+def test_large_budget_when_it_pays():
+    b = make_batch([chain(32, 0.95)] * 2)
+    c = choose_budget(b.gain, 2, 100, flat_cost(per_token=1e-6, const=1e-2))
+    assert c.budget >= 48
+    assert c.goodput[c.budget] > 3 * c.goodput[0]
+
+
+def test_budget_stops_where_marginal_gain_falls_below_marginal_cost():
+    # hand-checked: one request, chain with p = 0.5 → gains 0.5, 0.25, 0.125 ...; cost 0.1 + 0.02 per node
+    # goodput(k) = (1 + Σ) / (0.1 + 0.02 (1 + k)): k=0 8.33, k=1 10.71, k=2 10.94, k=3 10.42
+    b = make_batch([chain(8, 0.5)])
+    c = choose_budget(b.gain, 1, 0, flat_cost(per_token=0.02, const=0.1), min_gain=0.0)
+    assert c.budget == 2
+    np.testing.assert_allclose(c.goodput[:4], [1 / 0.12, 1.5 / 0.14, 1.75 / 0.16, 1.875 / 0.18])
+
+
+def test_correction_scales_expected_acceptance():
+    b = make_batch([chain(8, 0.9)])
+    cost = flat_cost(per_token=0.02, const=0.1)
+    assert choose_budget(b.gain, 1, 0, cost, correction=1.0).budget > 0
+    assert choose_budget(b.gain, 1, 0, cost, correction=0.01).budget == 0
+
+
+def test_per_request_cap():
+    b = make_batch([chain(6, 0.9), chain(6, 0.2)])
+    capped = cap_per_request(b, 2)
+    assert len(capped.gain) == 5  # 2 nodes per request
+    t = capped.truncate(4)
+    assert list(np.diff(t.offsets)) == [3, 3]
+    policy = BudgetPolicy(BudgetConfig(mode="fixed", budget=8, max_per_request=2), flat_cost())
+    plan = policy.step(FakeDrafter(b), _view([0, 1], [5, 5]))
+    assert plan.budget == 4 and list(np.diff(plan.batch.offsets)) == [3, 3]
+
+
+def test_request_gain_table_matches_truncation():
+    b = make_batch([chain(3, 0.9), ([0, 0, 1], [0.6, 0.3, 0.5])])
+    table = request_gain_table(b)
+    f = accumulated_probs(b)
+    for k in range(len(b.gain)):
+        t = b.truncate(k)
+        expect = [accumulated_probs(t)[t.offsets[i] + 1 : t.offsets[i + 1]].sum() for i in range(2)]
+        np.testing.assert_allclose(table[k], expect, atol=1e-9)
+    assert table[-1].sum() == pytest.approx(f[b.rank >= 0].sum())
+
+
+def test_slo_first_serves_short_requests_first():
+    # request 0: confident, no target. Request 1: weaker drafts, tight target. Throughput order gives
+    # request 0 every node first; SLO order must give request 1 nodes until it meets its target.
+    b = make_batch([chain(4, 0.9), chain(4, 0.6)])
+    assert list(b.rank[1:5]) == [0, 1, 2, 3]
+    step_s = 0.1
+    # request 1 needs (1 + Σf) · 0.05 >= 0.1 → Σf >= 1: 0.6 + 0.36 = 0.96 (short), + 0.216 → 1.176 (met)
+    r = slo_first(b, step_s, np.array([np.inf, 0.05]))
+    assert list(r.rank[6:10]) == [0, 1, 2, 7]  # three nodes of request 1 first, its 4th last
+    assert list(r.rank[1:5]) == [3, 4, 5, 6]
+    np.testing.assert_allclose(r.gain[1:4], [0.6, 0.96, 1.176], rtol=1e-6)
+    # the most short request first among equal priorities; priority overrides shortfall
+    b2 = make_batch([chain(2, 0.5), chain(2, 0.5)])
+    r2 = slo_first(b2, 0.1, np.array([0.06, 0.03]))  # request 1 is shorter
+    assert r2.rank[4] == 0
+    r3 = slo_first(b2, 0.1, np.array([0.06, 0.03]), priority=np.array([1.0, 0.0]))
+    assert r3.rank[1] == 0
+
+
+def test_adaptive_policy_backs_off_when_speculation_does_not_pay():
+    b = make_batch([chain(8, 0.0)] * 2)
+    drafter = FakeDrafter(b)
+    policy = BudgetPolicy(BudgetConfig(max_backoff=4), flat_cost(draft=1e-3))
+    budgets = [policy.step(drafter, _view([0, 1], [25, 25])).budget for _ in range(20)]
+    assert budgets == [0] * 20
+    assert drafter.calls < 10  # probes with back-off instead of proposing every step
+
+
+def test_adaptive_policy_slo_mode_meets_tight_target():
+    b = make_batch([chain(8, 0.9), chain(8, 0.6), chain(8, 0.9)])
+    cost = flat_cost(per_token=5e-4, const=0.05)
+    policy = BudgetPolicy(BudgetConfig(budget=24, slo_goodput_tolerance=0.2), cost)
+    plain = policy.step(FakeDrafter(b), _view([0, 1, 2], [100] * 3))
+    policy.set_slo(1, 0.025)
+    slo = policy.step(FakeDrafter(b), _view([0, 1, 2], [100] * 3))
+    tree1 = slice(slo.batch.offsets[1], slo.batch.offsets[2])
+    exp1 = accumulated_probs(slo.batch)[tree1][1:].sum()
+    assert slo.predicted_s / (1 + exp1) <= 0.025
+    assert slo.choice.goodput[slo.budget] >= 0.8 * plain.choice.goodput.max()
+
+
+def test_acceptance_check_and_correction():
+    b = make_batch([chain(8, 0.9)])
+    policy = BudgetPolicy(BudgetConfig(), flat_cost(per_token=1e-3, const=0.05))
+    for _ in range(30):
+        plan = policy.step(FakeDrafter(b), _view([0], [100]))
+        half = plan.expected_accepted / policy.correction / 2
+        policy.observe(StepTiming(1, 64, 1 + plan.budget, 100, (half,), 0.0, 0.05, 0.0, 0.05))
+    assert policy.acceptance.ratio == pytest.approx(0.5, rel=0.05)
+    assert policy.correction == pytest.approx(0.5, rel=0.1)
+    rep = policy.slo_report()
+    assert rep[0]["met"] is None and rep[0]["tpot_s"] < 0.05
+
+
+def test_config_validation():
+    with pytest.raises(ValueError):
+        BudgetConfig(mode="greedy")
+    with pytest.raises(ValueError):
+        BudgetConfig(budget=-1)
+    with pytest.raises(ValueError):
+        BudgetPolicy().set_slo(1, 0.0)
+    with pytest.raises(ValueError):
+        choose_budget(np.array([]), 1, 0, CostModel())
+
+
+def test_generic_truncate_matches_fake_batch():
+    from sssd.budget import truncate_batch
+
+    b = make_batch([chain(3, 0.9), ([0, 0, 1], [0.6, 0.3, 0.5]), chain(2, 0.1)])
+    plain = dataclasses.replace(b)  # same fields; hide the method by wrapping in a method-less clone
+    clone = _NoTruncate(**{f.name: getattr(plain, f.name) for f in dataclasses.fields(plain)})
+    for k in range(len(b.gain)):
+        want, got = b.truncate(k), truncate_batch(clone, k)
+        for name in ("tokens", "parents", "probs", "depth", "offsets", "rank"):
+            np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=f"{name} k={k}")
