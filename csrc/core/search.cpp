@@ -125,7 +125,11 @@ class ContextSearch {
     sc_.run.clear();
     for (uint64_t i = 0; i < k; ++i) {
       // The i-th of k indices spread evenly over the concatenated ranges.
-      const uint64_t g = (n == k) ? i : static_cast<uint64_t>((static_cast<unsigned __int128>(i) * n) / k);
+      uint64_t g = i;
+      if (n != k) {  // i * n fits in 64 bits unless the range is beyond 2^32 occurrences
+        g = n < (uint64_t{1} << 32) ? i * n / k
+                                    : static_cast<uint64_t>((static_cast<unsigned __int128>(i) * n) / k);
+      }
       while (g >= base + r[s].count()) {
         flush_run(s, len, out);
         base += r[s++].count();
