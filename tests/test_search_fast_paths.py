@@ -169,3 +169,23 @@ def test_random_corpora(
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SSSD_SEARCH_INDEX", stride)
         check(tmp_path_factory.mktemp("h"), [docs], contexts, cfg, 5)
+
+
+def test_index_is_dropped_with_its_mapping(tmp_path, monkeypatch):
+    """A new datastore mapped at a closed one's address must not reuse the old index."""
+    import gc
+
+    monkeypatch.setenv("SSSD_SEARCH_INDEX", "2,1")
+    rng = np.random.default_rng(3)
+    cfg = SearchConfig(max_query_len=6, min_query_len=1, min_occurrences=2, max_samples=5, max_depth=4)
+    for round_ in range(6):
+        docs = [list(rng.integers(0, 4, size=50)) for _ in range(8)]  # same shape every round
+        path = tmp_path / f"r{round_}.sssd"
+        build_datastore(docs, path, vocab_size=4)
+        ds = Datastore.open(path)
+        contexts = [docs[i][:j] for i in range(8) for j in (3, 9)]
+        result = ds.search([np.asarray(c, dtype=np.int32) for c in contexts], cfg)
+        for j, ctx in enumerate(contexts):
+            assert result.trie(j).tokens.tolist() == brute_search([docs], list(ctx), cfg)["tokens"]
+        del ds, result
+        gc.collect()
