@@ -91,10 +91,37 @@ def cpython() -> tuple[np.ndarray, np.ndarray]:
     return tokens, offsets
 
 
+SHARED = Path("/work/shared/data")
+
+
+def outputs() -> tuple[np.ndarray, np.ndarray]:
+    """SmolLM2's greedy outputs on 1,500 prompts (/work/shared/data/README.md), one document each."""
+    tokens = np.load(SHARED / "smollm2_other_outputs.tokens.npy").astype(np.int32)
+    return tokens, np.load(SHARED / "smollm2_other_outputs.offsets.npy").astype(np.int64)
+
+
+def dev_contexts(n: int, length: int = 64, seed: int = 1) -> list[np.ndarray]:
+    """n live-decoding contexts from the dev pairs (none of which is in any datastore): the last
+    `length` tokens of prompt + output[:j] for a random pair and a random j."""
+    import json
+
+    pairs = [json.loads(line) for line in (SHARED / "smollm2_dev_pairs.jsonl").read_text().splitlines()]
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        pair = pairs[int(rng.integers(0, len(pairs)))]
+        j = int(rng.integers(0, len(pair["output_ids"]) + 1))
+        ctx = (pair["prompt_ids"] + pair["output_ids"][:j])[-length:]
+        out.append(np.asarray(ctx, dtype=np.int32))
+    return out
+
+
 def load(name: str) -> tuple[np.ndarray, np.ndarray]:
-    """'zipf1e6', 'zipf1e7', 'zipf1e8' or 'cpython'."""
+    """'zipf1e6', 'zipf1e7', 'zipf1e8', 'cpython' or 'outputs'."""
     if name == "cpython":
         return cpython()
+    if name == "outputs":
+        return outputs()
     if name.startswith("zipf"):
         return zipf(int(float(name[4:])))
     raise ValueError(f"unknown corpus {name!r}")

@@ -63,7 +63,9 @@ class CandidateTrie {
     const size_t n = tokens.size() + static_cast<size_t>(extra);
     if (n <= tokens.capacity()) return;
     const size_t cap = std::max(n, 2 * tokens.capacity());
-    for (auto* v : {&tokens, &parents, &counts, &depth, &match_len, &first_child_, &next_sibling_}) v->reserve(cap);
+    for (auto* v : {&tokens, &parents, &counts, &depth, &match_len, &first_child_, &next_sibling_}) {
+      v->reserve(cap);
+    }
   }
 
   std::vector<int32_t> tokens, parents, counts, depth, match_len;  // [size()] each

@@ -13,6 +13,7 @@
 #include <system_error>
 #include <type_traits>
 
+#include "core/search_index.h"
 #include "core/suffix_array.h"
 
 namespace sssd {
@@ -235,6 +236,7 @@ MappedFile::MappedFile(const std::string& path) {
 }
 
 MappedFile::~MappedFile() {
+  search_index_release(data_);  // a later mapping may reuse the address
   if (data_) munmap(data_, static_cast<size_t>(size_));
 }
 

@@ -6,6 +6,7 @@
 
 #include "core/parallel.h"
 #include "core/sa_range.h"
+#include "core/search_index.h"
 #include "core/trie_insert.h"
 
 namespace sssd {
@@ -24,6 +25,7 @@ using search_detail::Range;
 
 // Suffix lengths whose ranges are searched together in one lockstep round.
 constexpr int32_t kLengthsPerRound = 16;
+constexpr int32_t kShortLengthsFirst = 4;
 
 // Per-thread buffers, reused across contexts so that a search allocates nothing in the steady state.
 struct Scratch {
@@ -33,7 +35,7 @@ struct Scratch {
   std::vector<Range> ranges;                      // [(max_len + 1) * shards]
   std::vector<Range> round_ranges;                // [lengths in a round]
   std::vector<int32_t> lengths;                   // lengths of the current round
-  std::vector<search_detail::Cursor> cursors;
+  std::vector<search_detail::Cursor> cursors, next_cursors;
   std::vector<uint64_t> run;                      // suffix-array indices of one sampled run
   search_detail::RunScratch insert;
 };
@@ -45,9 +47,9 @@ Scratch& scratch() {
 
 class ContextSearch {
  public:
-  ContextSearch(const std::vector<DatastoreView>& views, const SearchParams& p, uint64_t vocab, int32_t max_len,
-                Scratch& sc)
-      : views_(views), p_(p), vocab_(vocab), max_len_(max_len), sc_(sc) {
+  ContextSearch(const std::vector<DatastoreView>& views, const std::vector<const SearchIndex*>& indexes,
+                const SearchParams& p, uint64_t vocab, int32_t max_len, Scratch& sc)
+      : views_(views), indexes_(indexes), p_(p), vocab_(vocab), max_len_(max_len), sc_(sc) {
     const size_t n = static_cast<size_t>(max_len) + 1;
     sc.known.assign(n, 0);
     sc.totals.assign(n, 0);
@@ -65,7 +67,8 @@ class ContextSearch {
     const uint32_t* query_end = sc_.query.data() + max_len_;
     for (size_t s = 0; s < views_.size(); ++s) {
       search_detail::with_typed_shard(views_[s], [&](const auto& sh) {
-        search_detail::find_ranges(sh, query_end, sc_.lengths.data(), n, sc_.round_ranges.data(), sc_.cursors);
+        search_detail::find_ranges(sh, indexes_[s], query_end, sc_.lengths.data(), n, sc_.round_ranges.data(),
+                                   sc_.cursors, sc_.next_cursors);
       });
       for (int32_t j = 0; j < n; ++j) {
         const auto len = static_cast<size_t>(sc_.lengths[static_cast<size_t>(j)]);
@@ -81,8 +84,11 @@ class ContextSearch {
   // kLengthsPerRound lengths spread over the open interval (all of them when it is short enough).
   int32_t longest_match() {
     int32_t lo = p_.min_query_len, hi = max_len_;  // answer in [lo, hi] once total(lo) > 0
-    sc_.lengths.assign(1, lo);
-    pick_lengths(lo, hi, kLengthsPerRound - 1);
+    // First round: the shortest lengths (live contexts mostly match only a few tokens) and the longest
+    // (a context copied from the corpus matches in full); later rounds fill in between.
+    sc_.lengths.clear();
+    for (int32_t len = lo; len <= hi && len < lo + kShortLengthsFirst; ++len) sc_.lengths.push_back(len);
+    if (sc_.lengths.back() != hi) sc_.lengths.push_back(hi);
     for (;;) {
       compute_round();
       if (total(p_.min_query_len) == 0) return 0;
@@ -119,7 +125,11 @@ class ContextSearch {
     sc_.run.clear();
     for (uint64_t i = 0; i < k; ++i) {
       // The i-th of k indices spread evenly over the concatenated ranges.
-      const uint64_t g = (n == k) ? i : static_cast<uint64_t>((static_cast<unsigned __int128>(i) * n) / k);
+      uint64_t g = i;
+      if (n != k) {  // i * n fits in 64 bits unless the range is beyond 2^32 occurrences
+        g = n < (uint64_t{1} << 32) ? i * n / k
+                                    : static_cast<uint64_t>((static_cast<unsigned __int128>(i) * n) / k);
+      }
       while (g >= base + r[s].count()) {
         flush_run(s, len, out);
         base += r[s++].count();
@@ -139,7 +149,8 @@ class ContextSearch {
       return;
     }
     for (int32_t j = 1; j <= max_count; ++j) {
-      const int32_t len = lo + static_cast<int32_t>((static_cast<int64_t>(width) * j + max_count - 1) / max_count);
+      const int64_t step = (static_cast<int64_t>(width) * j + max_count - 1) / max_count;
+      const int32_t len = lo + static_cast<int32_t>(step);
       if (sc_.lengths.empty() || sc_.lengths.back() != len) sc_.lengths.push_back(len);
     }
   }
@@ -153,16 +164,16 @@ class ContextSearch {
   }
 
   const std::vector<DatastoreView>& views_;
+  const std::vector<const SearchIndex*>& indexes_;
   const SearchParams& p_;
   uint64_t vocab_;
   int32_t max_len_;
   Scratch& sc_;
 };
 
-}  // namespace
-
-void search_context(const std::vector<DatastoreView>& views, TokenSpan context, const SearchParams& p,
-                    CandidateTrie& out) {
+// indexes[s]: the SearchIndex of views[s], or nullptr.
+void search_one(const std::vector<DatastoreView>& views, const std::vector<const SearchIndex*>& indexes,
+                TokenSpan context, const SearchParams& p, CandidateTrie& out) {
   out.reset(context.size > 0 ? context.data[context.size - 1] : -1);
   if (views.empty()) return;
   const uint64_t vocab = views[0].header->vocab_size;
@@ -180,7 +191,7 @@ void search_context(const std::vector<DatastoreView>& views, TokenSpan context, 
   }
   if (max_len < p.min_query_len || p.max_samples == 0) return;
 
-  ContextSearch search(views, p, vocab, max_len, sc);
+  ContextSearch search(views, indexes, p, vocab, max_len, sc);
   const int32_t longest = search.longest_match();
   for (int32_t len = longest; len >= p.min_query_len && longest > 0; --len) {
     const uint64_t n = search.sample(len, out);
@@ -188,12 +199,34 @@ void search_context(const std::vector<DatastoreView>& views, TokenSpan context, 
   }
 }
 
+// Holds the shards' indexes (built on first use) for the duration of a search.
+struct Indexes {
+  explicit Indexes(const std::vector<DatastoreView>& views) {
+    for (const auto& v : views) {
+      owned.push_back(search_index_for(v));
+      raw.push_back(owned.back().get());
+    }
+  }
+  std::vector<std::shared_ptr<const SearchIndex>> owned;
+  std::vector<const SearchIndex*> raw;
+};
+
+}  // namespace
+
+void search_context(const std::vector<DatastoreView>& views, TokenSpan context, const SearchParams& p,
+                    CandidateTrie& out) {
+  const Indexes indexes(views);
+  search_one(views, indexes.raw, context, p, out);
+}
+
 void search_batch(const std::vector<DatastoreView>& shards, const std::vector<TokenSpan>& contexts,
                   const SearchParams& p, std::vector<CandidateTrie>& out) {
   validate_search_params(p);
   out.resize(contexts.size());
+  if (contexts.empty()) return;
+  const Indexes indexes(shards);
   parallel_for(static_cast<int64_t>(contexts.size()), [&](int64_t i) {
-    search_context(shards, contexts[static_cast<size_t>(i)], p, out[static_cast<size_t>(i)]);
+    search_one(shards, indexes.raw, contexts[static_cast<size_t>(i)], p, out[static_cast<size_t>(i)]);
   });
 }
 

@@ -6,6 +6,15 @@
 // occurrence (stopping at the document end) into a CandidateTrie; stop after the first L whose range
 // holds at least min_occurrences occurrences. Occurrences of a longer suffix are also occurrences of
 // the shorter ones, so longer matches weigh more.
+//
+// How it is fast (the output is exactly that of the plain algorithm above, node order included):
+// - the ranges of several suffix lengths are binary-searched in lockstep with prefetching, so their
+//   cache misses overlap (sa_range.h); first the 4 shortest lengths and the longest, then the rest;
+// - each search starts in a lazily built in-memory index of sampled suffixes (search_index.h: inline
+//   keys, first-symbol and symbol-pair tables) and only its last steps read the mapped file;
+// - continuations sampled from one range arrive sorted, so insertion reuses the previous path and
+//   needs a child lookup only under nodes that existed before the range (trie_insert.h);
+// - per-thread scratch buffers: no allocation per context beyond the output trie.
 #pragma once
 #include <cstdint>
 #include <vector>

@@ -68,7 +68,12 @@ class ChildIndex {
   static uint64_t key(int32_t parent, int32_t token) {
     return (static_cast<uint64_t>(static_cast<uint32_t>(parent)) << 32) | static_cast<uint32_t>(token);
   }
-  static size_t hash(uint64_t k) { return static_cast<size_t>((k * 0x9E3779B97F4A7C15ull) >> 20); }
+  // splitmix64's finalizer: every key bit affects the low bits used as the slot.
+  static size_t hash(uint64_t k) {
+    k = (k ^ (k >> 30)) * 0xBF58476D1CE4E5B9ull;
+    k = (k ^ (k >> 27)) * 0x94D049BB133111EBull;
+    return static_cast<size_t>(k ^ (k >> 31));
+  }
 
   std::vector<Slot> slots_;
   uint32_t gen_ = 0;
@@ -88,15 +93,24 @@ struct RunScratch {
 template <class Sym, class Idx>
 void insert_run(const TypedShard<Sym, Idx>& sh, const uint64_t* idx, size_t k, int32_t len, int32_t max_depth,
                 uint64_t vocab, CandidateTrie& t, RunScratch& sc) {
+  // Software pipeline: while continuation i is inserted, the stream of i + kAhead and the suffix-array
+  // entry of i + 2 * kAhead are being fetched (a bounded number of misses in flight: prefetches beyond
+  // what the core can track are dropped).
+  constexpr size_t kAhead = 12;
   sc.starts.resize(k);
-  for (size_t i = 0; i < k; ++i) prefetch(sh.sa + idx[i]);
-  for (size_t i = 0; i < k; ++i) {
+  const uint64_t tail = static_cast<uint64_t>(std::max(max_depth, 1) - 1);
+  auto fetch_entry = [&](size_t i) { prefetch(sh.sa + idx[i]); };
+  auto fetch_stream = [&](size_t i) {
     const uint64_t start = sh.position(idx[i]) + static_cast<uint64_t>(len);
     if (start >= sh.stream_length) throw DatastoreError("corrupt datastore: unsorted suffix array");
     sc.starts[i] = start;
     prefetch(sh.stream + start);
-  }
-  t.reserve_more(static_cast<int32_t>(std::min<uint64_t>(uint64_t{k} * static_cast<uint64_t>(max_depth), 1 << 16)));
+    prefetch(sh.stream + start + tail);  // the continuation may cross a cache line
+  };
+  for (size_t i = 0; i < k && i < 2 * kAhead; ++i) fetch_entry(i);
+  for (size_t i = 0; i < k && i < kAhead; ++i) fetch_stream(i);
+  const uint64_t most = uint64_t{k} * static_cast<uint64_t>(max_depth);
+  t.reserve_more(static_cast<int32_t>(std::min<uint64_t>(most, 1 << 16)));
   if (sc.path.size() < static_cast<size_t>(max_depth)) {
     sc.path.resize(static_cast<size_t>(max_depth));
     sc.prev.resize(static_cast<size_t>(max_depth));
@@ -108,6 +122,8 @@ void insert_run(const TypedShard<Sym, Idx>& sh, const uint64_t* idx, size_t k, i
   uint32_t* prev = sc.prev.data();
   int32_t prev_len = 0;
   for (size_t i = 0; i < k; ++i) {
+    if (i + 2 * kAhead < k) fetch_entry(i + 2 * kAhead);
+    if (i + kAhead < k) fetch_stream(i + kAhead);
     const Sym* s = sh.stream + sc.starts[i];
     t.counts[0] += 1;
     int32_t d = 0, node = 0;
