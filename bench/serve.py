@@ -44,6 +44,12 @@ def make_policy(name: str, cost: CostModel) -> tuple[BudgetPolicy, bool]:
     return BudgetPolicy(BudgetConfig(mode=mode, budget=budget), fresh), slo
 
 
+def bench_cache() -> Path:
+    from sssd.models import cache_dir
+
+    return cache_dir() / "bench"
+
+
 def datastore_path(cache: Path) -> Path:
     """The datastore of the other-outputs corpus (built once into ``cache``)."""
     import sssd
@@ -83,7 +89,7 @@ def run_sim(args) -> list[dict]:
 
     cost = CostModel.load(args.profile)
     pairs = load_pairs(args.pairs, limit=args.pairs_limit)
-    make_drafter, dname = drafter_factory(args.drafter, RESULTS / "cache")
+    make_drafter, dname = drafter_factory(args.drafter, bench_cache())
     tight, relaxed = slo_targets(cost, args.max_batch // 2 or 1, args)
     print(f"sim: {len(pairs)} pairs, drafter {dname}, profile {args.profile}: {cost}")
     print(f"TPOT targets: tight {tight * 1e3:.1f} ms, relaxed {relaxed * 1e3:.1f} ms")
@@ -137,6 +143,7 @@ def main(argv=None) -> int:
     p.add_argument("--tight-s", type=float, default=None)
     p.add_argument("--relaxed-s", type=float, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1, help="real mode: torch threads")
     p.add_argument("--model", default=None, help="real mode: model dir or .gguf (default SmolLM2-135M)")
     p.add_argument("--out", default=None, help="results JSON (default bench/results/serve_<mode>.json)")
     p.add_argument("--no-plots", action="store_true")

@@ -8,7 +8,6 @@ context, tree tokens); drafting time with the sssd drafter (or prompt lookup) on
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
@@ -115,18 +114,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _drafter_factory(args):
-    from sssd.commands._drafters import DrafterSpec, make_drafter, open_datastore
+    if args.baseline == "prompt-lookup":
+        from sssd.baselines import PromptLookupDrafter
 
-    if args.baseline:
-        spec = DrafterSpec(baseline=args.baseline)
-    else:
-        try:
-            import sssd.drafter  # noqa: F401
-        except ImportError:
-            print("sssd drafter not built: timing prompt lookup instead", file=sys.stderr)
-            spec = DrafterSpec(baseline="prompt-lookup")
-        else:
-            sources = ("input", "datastore", "recent") if args.datastore else ("input", "recent")
-            spec = DrafterSpec(sources=sources, datastore=args.datastore)
-    ds = open_datastore(spec.datastore)
-    return lambda: make_drafter(spec, ds)
+        return PromptLookupDrafter
+    from sssd.datastore import Datastore
+    from sssd.drafter import Drafter, DrafterConfig
+
+    ds = Datastore.open(args.datastore) if args.datastore else None
+    return lambda: Drafter(datastore=ds, config=DrafterConfig())
