@@ -123,7 +123,7 @@ def _budget_by_batch(log) -> dict[int, float]:
 def _print_row(row: dict) -> None:
     vals = " ".join(f"{row.get(c, float('nan')):>9.3f}" for c in COLUMNS)
     extra = f"budget {row.get('mean_budget', 0):6.1f} batch {row.get('mean_batch', 0):5.1f}"
-    print(f"{row['mode']:>4} rate {row['rate']:>6.2f} {row['policy']:>13} {vals}  {extra}", flush=True)
+    print(f"{row['mode']:>4} rate {row['rate']:>6g} {row['policy']:>13} {vals}  {extra}", flush=True)
 
 
 def main(argv=None) -> int:
