@@ -57,7 +57,11 @@ def run_one(engine_factory, policy, wl, pairs, n_new: int, use_slo: bool) -> tup
     log = StepLog()
     for t, (_, k) in zip(eng.stats.history, getattr(policy, "history", []), strict=False):
         log.add(t.batch_size, k, t.step_time, int(sum(t.accepted)), float("nan"))
+    STEPS.extend(eng.stats.history)
     return done, log
+
+
+STEPS: list = []  # every engine step of every real run (to refit the cost profile on them)
 
 
 def run_real(args) -> list[dict]:
@@ -118,7 +122,46 @@ def run_real(args) -> list[dict]:
                         row[f"sim_err_{key}"] = (srow[key] - row[key]) / row[key]
                 row["sim"] = srow
                 _print(srow)
+    refit = _refit(cost)
+    refit.save(RESULTS_DIR() / "profile_cpu_realrun.json")
+    print(f"cost model refit on the {len(STEPS)} real steps: {refit}")
+    for row in rows:  # the simulator again, with the costs the real runs actually saw
+        rate, pol_name = row["rate"], row["policy"]
+        wl = poisson_workload(
+            len(pairs), rate, args.requests, seed=args.seed, tight_tpot_s=tight, relaxed_tpot_s=relaxed
+        )
+        sp, slo = make_policy(pol_name, refit)
+        sd, slog = simulate_serving(
+            wl, pairs, lambda: sssd.Drafter(datastore=ds, config=sssd.DrafterConfig()), sp, refit,
+            max_batch=args.max_batch, max_new_tokens=n_new, use_slo=slo,
+        )  # fmt: skip
+        srow = {"mode": "sim-refit", "rate": rate, "policy": pol_name, **summarize(sd, slog)}
+        for key in ("mean_latency_s", "throughput_tok_s", "mean_tpot_s"):
+            if row.get(key) and srow.get(key):
+                row[f"simrefit_err_{key}"] = (srow[key] - row[key]) / row[key]
+        row["sim_refit"] = srow
+        _print(srow)
     return rows
+
+
+def RESULTS_DIR():
+    from serve import RESULTS
+
+    return RESULTS
+
+
+def _refit(profile):
+    """The profile's drafting part with forward/bookkeeping refitted on the real runs' steps."""
+    from sssd.costmodel import CostModel
+
+    cm = CostModel.from_dict(profile.to_dict(), prior_weight=0.0, forget=1.0, window=max(16, len(STEPS)))
+    for t in STEPS:
+        cm.forward.add([t.context_tokens, t.num_nodes, 1.0], t.forward_time)
+        cm.other.add([t.batch_size, t.num_nodes, 1.0], max(0.0, t.step_time - t.forward_time - t.draft_time))
+    cm.forward.refit()
+    cm.other.refit()
+    cm.meta = {**profile.meta, "refit_on": f"{len(STEPS)} steps of bench/serve.py real"}
+    return cm
 
 
 def _budget_by_batch(log) -> dict[int, float]:

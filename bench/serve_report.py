@@ -81,14 +81,16 @@ def main(argv=None) -> int:
         print()
         for line in check(rows):
             print(f"- {line}")
-        sims = [r for r in rows if "sim" in r]
-        if sims:
-            errs = [abs(r[k]) for r in sims for k in r if k.startswith("sim_err_mean_latency")]
-            print(f"- simulator vs real, mean latency: mean |error| {100 * sum(errs) / len(errs):.0f}% "
-                  f"over {len(errs)} runs")  # fmt: skip
+        for tag, what in (("sim", "saved profile"), ("simrefit", "profile refit on the real steps")):
+            sims = [r for r in rows if f"{tag}_err_mean_latency_s" in r]
+            if not sims:
+                continue
+            errs = [abs(r[f"{tag}_err_mean_latency_s"]) for r in sims]
+            print(f"- simulator ({what}) vs real, mean latency: mean |error| "
+                  f"{100 * sum(errs) / len(errs):.0f}% over {len(errs)} runs")  # fmt: skip
             for r in sims:
-                e = r.get("sim_err_mean_latency_s", float("nan"))
-                t = r.get("sim_err_throughput_tok_s", float("nan"))
+                e = r.get(f"{tag}_err_mean_latency_s", float("nan"))
+                t = r.get(f"{tag}_err_throughput_tok_s", float("nan"))
                 print(
                     f"  - rate {r['rate']:g} {r['policy']}: latency {100 * e:+.0f}%, "
                     f"throughput {100 * t:+.0f}%"
