@@ -229,17 +229,20 @@ class CostModel:
         > 0 unless ``drafted`` says whether a propose call is (True) or is not (False) part of the step;
         ``draft_budget``: the budget the drafter was asked for (one propose at the largest candidate, then
         truncated), default each candidate's own budget."""
+        # Written out (no feature matrices): the policy calls this every step for every candidate.
         k = np.asarray(budgets, dtype=np.float64)
-        one = np.ones_like(k)
         n_batched = batch_size + k
-        fwd = self.forward.predict(np.stack([n_context * one, n_batched, one], axis=-1))
-        oth = self.other.predict(np.stack([batch_size * one, n_batched, one], axis=-1))
-        kd = k if draft_budget is None else float(draft_budget) * one
-        drf = self.draft.predict(np.stack([batch_size * one, kd, one], axis=-1))
+        fa, fb, fc = self.forward.coef
+        oa, ob, oc = self.other.coef
+        da, db, dc = self.draft.coef
+        fwd = fa * n_context + fb * n_batched + fc
+        oth = oa * batch_size + ob * n_batched + oc
+        kd = k if draft_budget is None else float(draft_budget)
+        drf = da * batch_size + db * kd + dc + 0.0 * k
         if drafted is None:
             drf = np.where(k > 0, drf, 0.0)
         elif not drafted:
-            drf = np.zeros_like(drf)
+            drf = np.zeros_like(k)
         return StepCost(np.maximum(fwd, 0.0), np.maximum(drf, 0.0), np.maximum(oth, 0.0))
 
     def draft_time(self, batch_size: int, budget: int) -> float:
