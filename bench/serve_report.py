@@ -73,9 +73,20 @@ def check(rows: list[dict]) -> list[str]:
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    for path in argv:
-        rows = [r for r in json.load(open(path))["rows"] if r.get("requests")]
+    """Usage: serve_report.py [--merge-plots MODE] RESULTS.json... (several files = one table)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    plot_mode = None
+    if argv[:1] == ["--merge-plots"]:
+        plot_mode, argv = argv[1], argv[2:]
+    rows_all = [r for path in argv for r in json.load(open(path))["rows"] if r.get("requests")]
+    if plot_mode:
+        from pathlib import Path
+
+        from serve_plots import plot_all
+
+        for f in plot_all(rows_all, Path(__file__).resolve().parent / "results", plot_mode):
+            print(f"wrote {f}")
+    for path, rows in [(" + ".join(argv), sorted(rows_all, key=lambda r: r["rate"]))]:
         print(f"### {path}\n")
         print(table(rows))
         print()
