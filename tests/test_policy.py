@@ -119,10 +119,13 @@ def test_slo_first_serves_short_requests_first():
     np.testing.assert_allclose(r.gain[1:4], [0.6, 0.96, 1.176], rtol=1e-6)
     # the most short request first among equal priorities; priority overrides shortfall
     b2 = make_batch([chain(2, 0.5), chain(2, 0.5)])
-    r2 = slo_first(b2, 0.1, np.array([0.06, 0.03]))  # request 1 is shorter
+    r2 = slo_first(b2, 0.1, np.array([0.07, 0.06]))  # request 1 is shorter (0.04 vs 0.03 s)
     assert r2.rank[4] == 0
-    r3 = slo_first(b2, 0.1, np.array([0.06, 0.03]), priority=np.array([1.0, 0.0]))
+    r3 = slo_first(b2, 0.1, np.array([0.07, 0.06]), priority=np.array([1.0, 0.0]))
     assert r3.rank[1] == 0
+    # a request that cannot reach its target (needs Σf >= 2.33, has 0.75) gets no SLO priority
+    r4 = slo_first(b2, 0.1, np.array([np.inf, 0.03]))
+    np.testing.assert_array_equal(r4.rank, b2.rank)
 
 
 def test_adaptive_policy_backs_off_when_speculation_does_not_pay():

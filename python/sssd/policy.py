@@ -106,7 +106,9 @@ class BudgetConfig:
     max_backoff: int = 32  # longest run of steps without calling the drafter before probing again
     slo_slack_s: float = 0.0  # ε added to the predicted step time when deciding who falls short
     slo_goodput_tolerance: float = 0.05  # expected goodput the SLO choice may give up
-    slo_via_drafter: bool = True  # SLO-first selection by the drafter (propose(slo=..., step_time=...))
+    # True: the drafter ranks SLO-first (propose(slo=..., step_time=...)). Off by default: the batch then
+    # lacks the throughput-optimal ranking, so the goodput cost of the SLO choice cannot be bounded.
+    slo_via_drafter: bool = False
     slo_catch_up: float = 2.0  # per-step targets follow each request's TPOT so far (1 = off)
 
     def __post_init__(self) -> None:
