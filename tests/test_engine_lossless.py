@@ -164,3 +164,20 @@ def test_stream_yields_tokens_as_accepted():
     assert sorted(done) == [0, 1]
     assert [got[0], got[1]] == [reference(family, p) for p in prompts]
     assert engine.stats.tokens == 2 * NEW and engine.stats.steps < 2 * NEW
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("budget", [8, 64])
+def test_real_drafter_equals_hf_generate(family, budget, tmp_path):
+    """Trees from sssd's own Drafter over a datastore of the model's outputs on other prompts."""
+    import sssd
+
+    others = make_prompts(12, seed=40)
+    docs = [np.asarray(p + reference(family, p), dtype=np.int32) for p in others]
+    sssd.build_datastore(docs, tmp_path / "ds.sssd", vocab_size=VOCAB)
+    drafter = sssd.Drafter(datastore=sssd.Datastore.open(tmp_path / "ds.sssd"))
+    prompts = [o[: max(1, len(o) // 2)] for o in others[:4]] + make_prompts(2, seed=41)
+    engine = Engine(tiny_model(family), drafter=drafter, config=EngineConfig(budget=budget, max_batch_size=4))
+    res = engine.generate(prompts, max_new_tokens=NEW, eos_token_ids=())
+    assert [r.tokens for r in res] == [reference(family, p) for p in prompts]
+    assert engine.stats.accepted > 0
