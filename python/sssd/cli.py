@@ -12,6 +12,8 @@ import sys
 
 # (name, module, one-line help). Keep in alphabetical order.
 COMMANDS: list[tuple[str, str, str]] = [
+    ("demo", "sssd.commands.demo", "SmolLM2 demo: generate with and without speculation, compare"),
+    ("generate", "sssd.commands.generate", "generate with speculative decoding; outputs + stats"),
     ("info", "sssd.commands.info", "show a datastore's header and check it"),
 ]
 
