@@ -41,8 +41,8 @@ def test_simulate_baseline_prints_a_table_and_json(pairs_file, tmp_path, capsys)
     )
     text = capsys.readouterr().out
     assert rc == 0
-    assert "| budget | MAL | MAL a | MAL b |" in text
-    assert "| 0 | 1.000 |" in text
+    assert "| drafter | budget | MAL | MAL a | MAL b |" in text
+    assert "| prompt-lookup | 0 | 1.000 |" in text
     data = json.loads(out_json.read_text())
     assert [r["budget"] for r in data["results"]] == [0, 4]
     assert data["results"][1]["mal"] > 1.0
@@ -90,3 +90,103 @@ def test_simulate_bad_input_is_one_error_line(pairs_file, argv, capsys):
 def test_simulate_bad_budget_list_is_a_usage_error(pairs_file):
     with pytest.raises(SystemExit):
         main(["simulate", "--pairs", str(pairs_file), "--budget", "a,b"])
+
+
+@pytest.fixture
+def datastore_file(tmp_path):
+    from sssd import build_datastore
+
+    rng = np.random.default_rng(2)
+    docs = [rng.integers(0, 30, 60) for _ in range(20)]
+    path = tmp_path / "tiny.sssd"
+    build_datastore(docs, path, vocab_size=30)
+    return path
+
+
+def test_simulate_fused_drafter_with_datastore(pairs_file, datastore_file, tmp_path, capsys):
+    out_json = tmp_path / "r.json"
+    argv = [
+        "simulate",
+        "--pairs",
+        str(pairs_file),
+        "--datastore",
+        str(datastore_file),
+        "--budget",
+        "8",
+        "--batch-size",
+        "2",
+        "--calibration",
+        "none",
+        "--online",
+        "--details",
+        "--json",
+        str(out_json),
+        "--compare",
+    ]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "input+datastore+recent (uncalibrated)" in text and "by source:" in text
+    r, base = json.loads(out_json.read_text())["results"]
+    assert r["mal"] >= 1.0 and set(r["by_source"]) <= {"input", "datastore", "pool"}
+    assert base["drafter"] == "prompt-lookup" and "| prompt-lookup | 8 |" in text
+
+
+def test_calibrate_then_simulate_with_the_table(pairs_file, datastore_file, tmp_path, capsys):
+    from sssd.calibration import CalibrationTable
+
+    table = tmp_path / "cal.json"
+    argv = [
+        "calibrate",
+        "--pairs",
+        str(pairs_file),
+        "--datastore",
+        str(datastore_file),
+        "--output",
+        str(table),
+        "--budget",
+        "8",
+        "--batch-size",
+        "2",
+        "--holdout",
+        "0.4",
+        "--rounds",
+        "1",
+    ]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "| fitted |" in text and "| identity (raw scores) |" in text
+    CalibrationTable.load(table)
+    assert (
+        main(
+            [
+                "simulate",
+                "--pairs",
+                str(pairs_file),
+                "--datastore",
+                str(datastore_file),
+                "--budget",
+                "4",
+                "--calibration",
+                str(table),
+                "--sources",
+                "input,datastore",
+            ]
+        )
+        == 0
+    )
+    assert "input+datastore (calibrated)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["simulate", "--sources", "datastore"],  # no --datastore
+        ["calibrate", "--output", "/tmp/x.json", "--sources", "input,datastore"],
+        ["calibrate", "--output", "/tmp/x.json", "--holdout", "1.5"],
+        ["calibrate", "--output", "/tmp/x.json", "--rounds", "0"],
+        ["simulate", "--calibration", "/nonexistent/table.json"],
+    ],
+)
+def test_drafter_configuration_errors(pairs_file, argv, capsys):
+    assert main([argv[0], "--pairs", str(pairs_file), *argv[1:]]) == 2
+    assert capsys.readouterr().err.startswith(f"sssd {argv[0]}: error:")

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from sssd.baselines import PromptLookupDrafter
 from sssd.pairs import Pair
-from sssd.simulate import GroupStats, accepted_lengths, expected_calibration_error, merge_results, simulate
+from sssd.simulate import GroupStats, accepted_lengths, merge_results, simulate
 
 
 @dataclass(frozen=True)
@@ -179,13 +179,6 @@ def test_bad_arguments():
         simulate(ScriptedDrafter(pairs), pairs, budget=4, allocation="even")
 
 
-def test_expected_calibration_error():
-    assert expected_calibration_error(np.array([0.25, 0.25, 0.25, 0.25]), np.array([1, 0, 0, 0])) == 0.0
-    assert expected_calibration_error(np.array([0.95, 0.95]), np.array([0, 0])) == pytest.approx(0.95)
-    with pytest.raises(ValueError):
-        expected_calibration_error(np.zeros(2), np.zeros(3))
-
-
 def test_merge_results_adds_up_disjoint_runs():
     pairs = _pairs([10, 20, 30, 7])
     kw = {"budget": 3, "collect_records": True}
@@ -206,3 +199,58 @@ def test_merge_results_adds_up_disjoint_runs():
         merge_results([])
     with pytest.raises(ValueError):
         merge_results([parts[0], whole.__class__(**{**vars(whole), "budget": 9})])
+
+
+def test_empty_outputs_take_no_steps():
+    pairs = [Pair.make([1, 2], [], id="e"), *_pairs([6]), Pair.make([3], [], id="f")]
+    seen = []
+    r = simulate(ScriptedDrafter(pairs), pairs, budget=2, batch_size=2, progress=lambda *a: seen.append(a))
+    assert r.steps == 2 and r.generated_tokens == 6 and r.num_pairs == 3
+    assert seen[-1] == (3, 3)
+
+
+def _reference_accepted(tokens, parents, offsets, outputs):
+    """Obviously-correct greedy verification: the deepest node whose root path spells the output."""
+    acc = []
+    for i in range(len(offsets) - 1):
+        lo, hi = offsets[i], offsets[i + 1]
+        best = 0
+        for v in range(1, hi - lo):
+            path = []
+            u = v
+            while u > 0:
+                path.append(tokens[lo + u])
+                u = parents[lo + u]
+            if path[::-1] == outputs[i][: len(path)]:
+                best = max(best, len(path))
+        acc.append(best)
+    return acc
+
+
+def test_accepted_lengths_matches_a_reference_on_random_trees():
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        b = int(rng.integers(1, 5))
+        tokens, parents, depth, offsets, outputs, targets = [], [], [], [0], [], []
+        for _ in range(b):
+            n = int(rng.integers(1, 12))
+            par = [-1] + [int(rng.integers(0, k)) for k in range(1, n)]
+            dep = [0]
+            for k in range(1, n):
+                dep.append(dep[par[k]] + 1)
+            tok = [0, *rng.integers(0, 3, n - 1).tolist()]
+            out = rng.integers(0, 3, int(rng.integers(0, 6))).tolist()
+            tokens += tok
+            parents += par
+            depth += dep
+            offsets.append(offsets[-1] + n)
+            outputs.append(out)
+            targets += [out[d - 1] if 0 < d <= len(out) else -1 for d in dep]
+        acc, _ = accepted_lengths(
+            np.asarray(tokens, np.int32),
+            np.asarray(parents, np.int32),
+            np.asarray(depth, np.int32),
+            np.asarray(offsets, np.int64),
+            np.asarray(targets, np.int64),
+        )
+        assert acc.tolist() == _reference_accepted(tokens, parents, offsets, outputs)

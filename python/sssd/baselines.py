@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from sssd._draft_batch import DraftBatch
+from sssd.drafter import DraftBatch, UnknownRequestError
 
 
 @dataclass(frozen=True)
@@ -87,23 +87,30 @@ def lookup_chain(ctx: np.ndarray, max_len: int, max_ngram: int = 3, min_ngram: i
     ctx: [n] int32. Tries suffix lengths max_ngram..min_ngram; for the first length with an earlier
     occurrence ending at j (j <= n - 2), returns ctx[j+1 : j+1+max_len]. Empty when nothing matches.
     """
+    return lookup_chain_match(ctx, max_len, max_ngram, min_ngram)[0]
+
+
+def lookup_chain_match(
+    ctx: np.ndarray, max_len: int, max_ngram: int = 3, min_ngram: int = 1
+) -> tuple[np.ndarray, int]:
+    """(lookup_chain's continuation, length of the matched suffix; 0 when nothing matched)."""
     n = ctx.size
     if n < 2 or max_len <= 0:
-        return ctx[:0]
+        return ctx[:0], 0
     # Candidate match ends j: ctx[j] == last token, j < n - 1. Longer suffixes filter this set.
     cand = np.flatnonzero(ctx[: n - 1] == ctx[n - 1])
-    best = cand if min_ngram <= 1 else cand[:0]
+    best, best_len = (cand, 1) if min_ngram <= 1 else (cand[:0], 0)
     for k in range(1, max_ngram):
         if cand.size == 0 or n - 1 - k < 0:
             break
         cand = cand[cand >= k]
         cand = cand[ctx[cand - k] == ctx[n - 1 - k]]
         if cand.size and k + 1 >= min_ngram:
-            best = cand
+            best, best_len = cand, k + 1
     if best.size == 0:
-        return ctx[:0]
+        return ctx[:0], 0
     j = int(best[-1])
-    return ctx[j + 1 : j + 1 + max_len]
+    return ctx[j + 1 : j + 1 + max_len], best_len
 
 
 class PromptLookupDrafter:
@@ -141,7 +148,7 @@ class PromptLookupDrafter:
         try:
             return self._ctx[rid]
         except KeyError:
-            raise KeyError(f"unknown request id {rid}") from None
+            raise UnknownRequestError(f"unknown request id {rid}") from None
 
     # -- drafting ----------------------------------------------------------------------------------
     def propose(self, rids: Sequence[int], budget: Any = 64, slo: Any = None) -> DraftBatch:
@@ -155,10 +162,11 @@ class PromptLookupDrafter:
         per_request, total = as_budgets(budget, len(rids))
         cap = self.config.max_chain if total is None else min(self.config.max_chain, total)
         cfg = self.config
-        chains = [
-            lookup_chain(c, min(cap, int(b)), cfg.max_ngram, cfg.min_ngram)
+        found = [
+            lookup_chain_match(c, min(cap, int(b)), cfg.max_ngram, cfg.min_ngram)
             for c, b in zip(ctxs, per_request, strict=True)
         ]
+        chains = [f[0] for f in found]
         lengths = np.fromiter((c.size for c in chains), dtype=np.int64, count=len(chains))
         if total is not None and lengths.sum() > total:
             lengths = _level_split(lengths, total)
@@ -166,7 +174,14 @@ class PromptLookupDrafter:
         for c, chain, m in zip(ctxs, chains, lengths, strict=True):
             pieces.append(c[-1:])
             pieces.append(chain[:m])
-        return chain_batch(pieces, lengths, cfg.node_prob)
+        return chain_batch(
+            pieces,
+            lengths,
+            cfg.node_prob,
+            match_len=np.asarray([f[1] for f in found], dtype=np.int32),
+            context_len=np.asarray([c.size for c in ctxs], dtype=np.int64),
+            request_ids=np.asarray(rids, dtype=np.int64),
+        )
 
     def observe(self, rids: Sequence[int], batch: Any, accepted_counts: Any) -> None:
         """No-op (nothing to calibrate); checks the arguments like the real drafter."""
@@ -190,8 +205,17 @@ def _level_split(lengths: np.ndarray, total: int) -> np.ndarray:
     return out
 
 
-def chain_batch(pieces: list[np.ndarray], lengths: np.ndarray, node_prob: float) -> DraftBatch:
-    """A DraftBatch of chains: pieces alternate [root], chain tokens; lengths[i] = chain i's length."""
+def chain_batch(
+    pieces: list[np.ndarray],
+    lengths: np.ndarray,
+    node_prob: float,
+    *,
+    match_len: np.ndarray,
+    context_len: np.ndarray,
+    request_ids: np.ndarray,
+) -> DraftBatch:
+    """A DraftBatch of chains. pieces alternate [root], chain tokens; lengths[i] = chain i's length;
+    match_len[i] = length of the suffix match behind chain i (per request, [B])."""
     b = lengths.size
     sizes = lengths + 1
     offsets = np.zeros(b + 1, dtype=np.int64)
@@ -200,21 +224,28 @@ def chain_batch(pieces: list[np.ndarray], lengths: np.ndarray, node_prob: float)
     tokens = np.concatenate(pieces).astype(np.int32, copy=False) if pieces else np.zeros(0, np.int32)
     tree = np.repeat(np.arange(b), sizes)
     depth = (np.arange(n, dtype=np.int64) - offsets[:-1][tree]).astype(np.int32)
-    parents = depth - 1  # a chain: node d's parent is node d - 1 of the same tree; root -> -1
-    probs = np.where(depth == 0, 1.0, node_prob).astype(np.float32)
+    root = depth == 0
+    probs = np.where(root, 1.0, node_prob).astype(np.float32)
     # Greedy-by-f order of a chain batch with a constant p: level by level, request order within a level.
     rank = np.full(n, -1, dtype=np.int32)
-    nonroot = np.flatnonzero(depth > 0)
+    nonroot = np.flatnonzero(~root)
     order = nonroot[np.lexsort((tree[nonroot], depth[nonroot]))]
     rank[order] = np.arange(order.size, dtype=np.int32)
-    f = np.power(float(node_prob), depth[order].astype(np.float64))
-    gain = np.concatenate([[0.0], np.cumsum(f)])
+    acc_prob = np.power(np.float32(node_prob), depth).astype(np.float32)
+    gain = np.concatenate([[0.0], np.cumsum(acc_prob[order], dtype=np.float64)])
     return DraftBatch(
         tokens=tokens,
-        parents=parents.astype(np.int32),
+        parents=depth - 1,  # a chain: node d's parent is node d - 1 of its tree; roots -> -1
         probs=probs,
         depth=depth,
         offsets=offsets,
         rank=rank,
         gain=gain,
+        acc_prob=acc_prob,
+        source=np.where(root, -1, 0).astype(np.int8),  # 0 = the input source (the request's own tokens)
+        source_mask=np.where(root, 0, 1).astype(np.uint8),
+        match_len=np.where(root, 0, match_len[tree]).astype(np.int32),
+        raw_score=probs.copy(),
+        context_len=context_len,
+        request_ids=request_ids,
     )

@@ -21,7 +21,7 @@ from sssd.pairs import Pair
 
 ALLOCATIONS = ("per-request", "global")
 # Per-node batch fields that are not calibration features.
-_NOT_FEATURES = {"tokens", "parents", "rank", "offsets", "gain", "context_len"}
+_NOT_FEATURES = {"tokens", "parents", "rank", "offsets", "gain", "context_len", "request_ids"}
 
 
 @dataclass(frozen=True)
@@ -139,6 +139,31 @@ class _Replay:
         out[ok] = self.flat[self.out_start[p[ok]] + at[ok]]
         return out, tree
 
+    def verify(self, batch: Any, pair_idx: np.ndarray, pos: np.ndarray) -> _StepOutcome:
+        """Greedy verification of one batch of trees; request i is at output position pos[i]."""
+        b = pair_idx.size
+        offsets = np.asarray(batch.offsets, dtype=np.int64)
+        if offsets.shape != (b + 1,):
+            raise ValueError(f"draft batch has {offsets.shape[0] - 1} trees for {b} requests")
+        depth = np.asarray(batch.depth)
+        parents = np.asarray(batch.parents)
+        targets, tree = self.targets(pair_idx, pos, offsets, depth)
+        acc, matched = accepted_lengths(np.asarray(batch.tokens), parents, depth, offsets, targets)
+        nonroot = depth > 0
+        glob_parent = np.where(nonroot, offsets[:-1][tree] + parents, 0)
+        advance = np.minimum(acc + 1, self.out_len[pair_idx] - pos)
+        return _StepOutcome(acc, advance, depth, nonroot, matched, nonroot & matched[glob_parent])
+
+
+@dataclass(frozen=True)
+class _StepOutcome:
+    accepted: np.ndarray  # [B] draft nodes accepted
+    advance: np.ndarray  # [B] tokens committed: accepted + bonus, capped at the end of the output
+    depth: np.ndarray  # [N]
+    nonroot: np.ndarray  # [N] bool
+    matched: np.ndarray  # [N] bool: the node and its ancestors equal the output
+    reached: np.ndarray  # [N] bool: non-root whose parent matched (its own outcome was tested)
+
 
 def _node_features(batch: Any, n: int) -> dict[str, np.ndarray]:
     names = [f.name for f in fields(batch)] if is_dataclass(batch) else list(vars(batch))
@@ -153,9 +178,19 @@ def _node_features(batch: Any, n: int) -> dict[str, np.ndarray]:
 
 
 def _source_names(drafter: Any) -> Callable[[int], str]:
-    """Name of a batch ``source`` code (the node's winning source, an index into drafter.source_names)."""
-    names = list(getattr(drafter, "source_names", None) or ())
-    return lambda code: names[code] if 0 <= code < len(names) else str(code)
+    """Name of a batch ``source`` code (the node's winning source): ``drafter.source_names[code]``, else
+    the sssd drafter's source ids (``sssd.calibration.SOURCES``)."""
+    names: list[str] = []
+
+    def decode(code: int) -> str:
+        if not names:
+            given = getattr(drafter, "source_names", None)
+            if given is None:
+                from sssd.calibration import SOURCES as given
+            names.extend(given)
+        return names[code] if 0 <= code < len(names) else str(code)
+
+    return decode
 
 
 class _Stats:
@@ -228,56 +263,47 @@ def simulate(
     propose_s = 0.0
     while nxt < len(pairs) or active:
         while len(active) < batch_size and nxt < len(pairs):
-            drafter.add_request(nxt, pairs[nxt].prompt_ids)
-            pos[nxt] = 0
-            active.append(nxt)
+            if pairs[nxt].output_ids.size:  # an empty output needs no step
+                drafter.add_request(nxt, pairs[nxt].prompt_ids)
+                pos[nxt] = 0
+                active.append(nxt)
             nxt += 1
+        if not active:
+            break
         rids = list(active)
         b = len(rids)
         step_budget: Any = budget * b if allocation == "global" else [int(budget)] * b
         t0 = time.perf_counter()
         batch = drafter.propose(rids, budget=step_budget)
         propose_s += time.perf_counter() - t0
-        pidx = np.asarray(rids, dtype=np.int64)
         ipos = np.fromiter((pos[r] for r in rids), dtype=np.int64, count=b)
-        offsets = np.asarray(batch.offsets, dtype=np.int64)
-        if offsets.shape != (b + 1,):
-            raise ValueError(f"draft batch has {offsets.shape[0] - 1} trees for {b} requests")
-        depth = np.asarray(batch.depth)
-        targets, tree = replay.targets(pidx, ipos, offsets, depth)
-        acc, matched = accepted_lengths(
-            np.asarray(batch.tokens), np.asarray(batch.parents), depth, offsets, targets
-        )
-        remaining = replay.out_len[pidx] - ipos
-        adv = np.minimum(acc + 1, remaining)
-        nonroot = depth > 0
-        parents = np.asarray(batch.parents)
-        glob_parent = np.where(nonroot, offsets[:-1][tree] + parents, 0)
-        reached = nonroot & matched[glob_parent]
+        out = replay.verify(batch, np.asarray(rids, dtype=np.int64), ipos)
         source = getattr(batch, "source", None)
-        stats.update(depth, reached, matched & nonroot, source, decode)
+        stats.update(out.depth, out.reached, out.matched & out.nonroot, source, decode)
         if collect_records:
-            stats.record(_node_features(batch, depth.shape[0]), reached, matched)
-        if observe:
-            drafter.observe(rids, batch, acc)
+            stats.record(_node_features(batch, out.depth.shape[0]), out.reached, out.matched)
         steps += b
         batch_steps += 1
-        generated += int(adv.sum())
-        drafted += int(nonroot.sum())
-        accepted_total += int(np.minimum(acc, remaining).sum())
-        for r, a in zip(rids, adv.tolist(), strict=True):
+        generated += int(out.advance.sum())
+        drafted += int(out.nonroot.sum())
+        accepted_total += int(out.accepted.sum())
+        finished = []
+        for r, a in zip(rids, out.advance.tolist(), strict=True):
             p = pairs[r]
-            s = subset_steps.setdefault(p.subset, [0, 0])
-            s[0] += 1
-            s[1] += a
-            i = pos[r]
-            drafter.extend(r, p.output_ids[i : i + a])
-            pos[r] = i + a
+            counts = subset_steps.setdefault(p.subset, [0, 0])
+            counts[0] += 1
+            counts[1] += a
+            drafter.extend(r, p.output_ids[pos[r] : pos[r] + a])
+            pos[r] += a
             if pos[r] >= p.output_ids.size:
-                drafter.remove_request(r)
-                active.remove(r)
-                del pos[r]
-                done += 1
+                finished.append(r)
+        if observe:  # after extend (the drafter reads the accepted tokens from the context)
+            drafter.observe(rids, batch, out.accepted)
+        for r in finished:
+            drafter.remove_request(r)
+            active.remove(r)
+            del pos[r]
+        done = nxt - len(active)
         if progress is not None:
             progress(done, len(pairs))
     records = None
@@ -301,20 +327,6 @@ def simulate(
         by_subset={k: (v[0], v[1]) for k, v in sorted(subset_steps.items())},
         records=records,
     )
-
-
-def expected_calibration_error(probs: np.ndarray, accepted: np.ndarray, bins: int = 10) -> float:
-    """ECE: sum over equal-width probability bins of (share of nodes) x |mean prob - accept rate|."""
-    probs = np.asarray(probs, dtype=np.float64)
-    accepted = np.asarray(accepted, dtype=np.float64)
-    if probs.shape != accepted.shape:
-        raise ValueError("probs and accepted must have the same shape")
-    if probs.size == 0:
-        return float("nan")
-    b = np.clip((probs * bins).astype(np.int64), 0, bins - 1)
-    n = np.bincount(b, minlength=bins)
-    gap = np.abs(np.bincount(b, probs, bins) - np.bincount(b, accepted, bins))
-    return float(gap.sum() / n.sum())
 
 
 def merge_results(results: Sequence[SimulationResult]) -> SimulationResult:

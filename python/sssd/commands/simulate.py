@@ -5,17 +5,25 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 
-from sssd.commands._drafters import (
-    BASELINES,
-    SOURCES,
-    DrafterSpec,
-    make_drafter,
-    open_datastore,
-    parse_int_list,
-    parse_sources,
-)
+from sssd.evaluation import BASELINES, SOURCES, DrafterSpec, make_drafter, parse_sources
+
+
+def parse_int_list(text: str) -> list[int]:
+    """'16,64' -> [16, 64] (argparse type: a ValueError becomes a usage error)."""
+    out = [int(x) for x in text.split(",") if x.strip()]
+    if not out or min(out) < 0:
+        raise ValueError(f"expected non-negative ints, got {text!r}")
+    return out
+
+
+def open_datastore(path: str | None):
+    if path is None:
+        return None
+    from sssd.datastore import Datastore
+
+    return Datastore.open(path)
+
 
 NAME = "simulate"
 
@@ -32,6 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="per-request: every request gets BUDGET nodes; global: the batch shares BUDGET x batch",
     )
     p.add_argument("--baseline", choices=BASELINES, help="simulate a baseline instead of the sssd drafter")
+    p.add_argument(
+        "--compare", action="store_true", help="also run the prompt-lookup baseline (same budgets)"
+    )
     p.add_argument(
         "--sources", type=parse_sources, default=SOURCES, help=f"comma list of {','.join(SOURCES)} (all)"
     )
@@ -64,68 +75,62 @@ def run(args: argparse.Namespace) -> int:
     pairs = load_pairs(
         args.pairs, subsets=args.subsets, vocab_size=ds.vocab_size if ds else None, limit=args.limit
     )
-    spec = DrafterSpec(args.baseline, tuple(args.sources), args.calibration, args.datastore)
-    make_drafter(spec, ds)  # fail early (before the table header) on a bad configuration
+    specs = [DrafterSpec(args.baseline, tuple(args.sources), args.calibration, args.datastore, args.online)]
+    if args.compare and args.baseline is None:
+        specs.append(DrafterSpec(baseline=BASELINES[0]))
+    for spec in specs:
+        make_drafter(spec, ds)  # fail early (before the table header) on a bad configuration
     n_prompt, n_out = total_tokens(pairs)
-    print(
-        f"pairs: {len(pairs)} ({n_prompt:,} prompt tokens, {n_out:,} output tokens)  drafter: {spec.label()}"
-    )
+    print(f"pairs: {len(pairs)} ({n_prompt:,} prompt tokens, {n_out:,} output tokens)")
     print(f"batch size {args.batch_size}, allocation {args.allocation}, online calibration {args.online}\n")
-    subsets = sorted({p.subset for p in pairs})
+    subsets = [s for s in sorted({p.subset for p in pairs}) if s]
     head = [
+        "drafter",
         "budget",
         "MAL",
-        *[f"MAL {s}" for s in subsets if s],
+        *[f"MAL {s}" for s in subsets],
         "drafted/step",
         "accept",
         "µs/req/step",
-        "s",
     ]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     results = []
-    for budget in args.budget:
-        drafter = make_drafter(spec, ds)
-        t0 = time.perf_counter()
-        r = simulate(
-            drafter,
-            pairs,
-            budget=budget,
-            batch_size=args.batch_size,
-            allocation=args.allocation,
-            observe=args.online,
-        )
-        wall = time.perf_counter() - t0
-        cells = [str(budget), f"{r.mal:.3f}", *[f"{r.subset_mal(s):.3f}" for s in subsets if s]]
-        cells += [
-            f"{r.drafted_tokens / r.steps:.1f}",
-            f"{r.acceptance_rate:.3f}",
-            f"{r.us_per_request_step:.1f}",
-        ]
-        cells.append(f"{wall:.1f}")
-        print("| " + " | ".join(cells) + " |")
-        sys.stdout.flush()
-        results.append((budget, r))
-    if args.details:
-        for budget, r in results:
-            _print_details(budget, r)
-    if args.json_out:
-        with open(args.json_out, "w", encoding="utf-8") as f:
-            json.dump(
-                {
-                    "drafter": spec.label(),
-                    "pairs": args.pairs,
-                    "batch_size": args.batch_size,
-                    "results": [result_to_json(r) for _, r in results],
-                },
-                f,
-                indent=1,
+    for spec in specs:
+        for budget in args.budget:
+            r = simulate(
+                make_drafter(spec, ds),
+                pairs,
+                budget=budget,
+                batch_size=args.batch_size,
+                allocation=args.allocation,
+                observe=spec.online,
             )
+            cells = [spec.label(), str(budget), f"{r.mal:.3f}", *[f"{r.subset_mal(s):.3f}" for s in subsets]]
+            cells += [
+                f"{r.drafted_tokens / r.steps:.1f}",
+                f"{r.acceptance_rate:.3f}",
+                f"{r.us_per_request_step:.1f}",
+            ]
+            print("| " + " | ".join(cells) + " |")
+            sys.stdout.flush()
+            results.append((spec, r))
+    if args.details:
+        for spec, r in results:
+            _print_details(spec.label(), r)
+    if args.json_out:
+        doc = {
+            "pairs": args.pairs,
+            "batch_size": args.batch_size,
+            "results": [{"drafter": spec.label(), **result_to_json(r)} for spec, r in results],
+        }
+        with open(args.json_out, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=1)
     return 0
 
 
-def _print_details(budget: int, r) -> None:
-    print(f"\nbudget {budget}: acceptance P(accepted | parent accepted)")
+def _print_details(label: str, r) -> None:
+    print(f"\n{label}, budget {r.budget}: acceptance P(accepted | parent accepted)")
     for title, table in (("source", r.by_source), ("depth", r.by_depth)):
         if not table:
             continue
