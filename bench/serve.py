@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from serve_workload import POLICIES, poisson_workload, summarize
+from serve_workload import EXTRA_POLICIES, POLICIES, poisson_workload, summarize
 from sssd.costmodel import CostModel
 from sssd.pairs import load_pairs
 from sssd.policy import BudgetConfig, BudgetPolicy
@@ -39,9 +39,10 @@ COLUMNS = (
 
 
 def make_policy(name: str, cost: CostModel) -> tuple[BudgetPolicy, bool]:
-    mode, budget, slo = POLICIES[name]
+    mode, budget, slo = {**POLICIES, **EXTRA_POLICIES}[name]
     fresh = CostModel.from_dict(cost.to_dict())  # each run learns online from the same seed
-    return BudgetPolicy(BudgetConfig(mode=mode, budget=budget), fresh), slo
+    cfg = BudgetConfig(mode=mode, budget=budget, slo_via_drafter=name.endswith("-drafter"))
+    return BudgetPolicy(cfg, fresh), slo
 
 
 def bench_cache() -> Path:
@@ -148,7 +149,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=None, help="results JSON (default bench/results/serve_<mode>.json)")
     p.add_argument("--no-plots", action="store_true")
     args = p.parse_args(argv)
-    bad = [x for x in args.policies if x not in POLICIES]
+    bad = [x for x in args.policies if x not in POLICIES and x not in EXTRA_POLICIES]
     if bad:
         p.error(f"unknown policies {bad}; choose from {list(POLICIES)}")
     if args.mode == "sim":
