@@ -68,7 +68,10 @@ def run_hf(model, ps, batch, new, eos):
 def run_engine(model, tok, ds, ps, batch, budget, new):
     drafter = sssd.Drafter(datastore=ds) if budget else None
     engine = sssd.Engine(
-        model, tok, drafter=drafter, config=sssd.EngineConfig(budget=budget, max_batch_size=batch)
+        model,
+        tok,
+        drafter=drafter,
+        config=sssd.EngineConfig(budget=budget, max_batch_size=batch, budget_mode="fixed"),
     )
     t = time.perf_counter()
     res = engine.generate(ps, max_new_tokens=new)

@@ -20,7 +20,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chat", action="store_true", help="wrap text prompts in the model's chat template")
     p.add_argument("--output", help="write (prompt, output) token pairs as JSONL (build-datastore input)")
     p.add_argument("--batch-size", type=int, default=1, help="requests verified together (default 1)")
-    p.add_argument("--budget", type=int, default=16, help="draft nodes per step for the batch; 0 = plain")
+    p.add_argument(
+        "--budget",
+        type=int,
+        default=16,
+        help="draft nodes per step for the batch (adaptive: at most); 0 = plain",
+    )
+    p.add_argument(
+        "--budget-mode",
+        choices=("adaptive", "fixed"),
+        default="adaptive",
+        help="adaptive (default): the best-goodput budget in 0..--budget each step; fixed: --budget",
+    )
+    p.add_argument(
+        "--cost-profile", default=None, help="cost profile from `sssd profile` (adaptive mode seed)"
+    )
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-k", type=int, default=0)
@@ -50,7 +64,12 @@ def _engine(model: Any, tokenizer: Any, ds: Any, args: argparse.Namespace, budge
     import sssd
 
     drafter = sssd.Drafter(datastore=ds) if budget > 0 else None
-    cfg = sssd.EngineConfig(budget=budget, max_batch_size=args.batch_size)
+    cfg = sssd.EngineConfig(
+        budget=budget,
+        max_batch_size=args.batch_size,
+        budget_mode=getattr(args, "budget_mode", "adaptive"),
+        cost_profile=getattr(args, "cost_profile", None),
+    )
     return sssd.Engine(model, tokenizer, drafter=drafter, config=cfg)
 
 
