@@ -152,11 +152,11 @@ def RESULTS_DIR():
 
 def _refit(profile):
     """The profile's drafting part with forward/bookkeeping refitted on the real runs' steps."""
-    from sssd.costmodel import CostModel
+    from sssd.costmodel import CostModel, forward_features
 
     cm = CostModel.from_dict(profile.to_dict(), prior_weight=0.0, forget=1.0, window=max(16, len(STEPS)))
     for t in STEPS:
-        cm.forward.add([t.context_tokens, t.num_nodes, 1.0], t.forward_time)
+        cm.forward.add(forward_features(t.context_tokens, t.num_nodes, t.batch_size), t.forward_time)
         cm.other.add([t.batch_size, t.num_nodes, 1.0], max(0.0, t.step_time - t.forward_time - t.draft_time))
     cm.forward.refit()
     cm.other.refit()

@@ -184,3 +184,12 @@ def test_generic_truncate_matches_fake_batch():
         want, got = b.truncate(k), truncate_batch(clone, k)
         for name in ("tokens", "parents", "probs", "depth", "offsets", "rank"):
             np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=f"{name} k={k}")
+
+
+def test_tree_step_overhead_makes_small_budgets_unattractive():
+    b = make_batch([chain(8, 0.5)])
+    cheap = CostModel(forward=(0.0, 1e-3, 0.0, 0.1), draft=(0, 0, 0), other=(0, 0, 0))
+    jump = CostModel(forward=(0.0, 1e-3, 0.12, 0.1), draft=(0, 0, 0), other=(0, 0, 0))
+    assert choose_budget(b.gain, 1, 0, cheap).budget > 0
+    # a tree step costs 120 ms more than a plain one: at most 2 tokens in 0.23 s < 1 token in 0.1 s
+    assert choose_budget(b.gain, 1, 0, jump).budget == 0
