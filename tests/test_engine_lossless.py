@@ -115,7 +115,7 @@ def test_budget_zero_and_speculation_share_the_engine():
     family = "gemma"
     prompts = make_prompts(3, seed=5)
     drafter = oracle(family, prompts)
-    engine = Engine(tiny_model(family), drafter=drafter, config=EngineConfig(budget=8))
+    engine = Engine(tiny_model(family), drafter=drafter, config=EngineConfig(budget=8, budget_mode="fixed"))
     r = [
         engine.add_request(p, max_new_tokens=NEW, eos_token_ids=(), budget=b)
         for p, b in zip(prompts, [0, 30, 5], strict=True)
@@ -153,7 +153,7 @@ def test_stream_yields_tokens_as_accepted():
     family = "qwen2"
     prompts = make_prompts(2, seed=8)
     drafter = oracle(family, prompts)
-    engine = Engine(tiny_model(family), drafter=drafter, config=EngineConfig(budget=16))
+    engine = Engine(tiny_model(family), drafter=drafter, config=EngineConfig(budget=16, budget_mode="fixed"))
     got: dict[int, list[int]] = {0: [], 1: []}
     done = []
     for ev in engine.stream(prompts, max_new_tokens=NEW, eos_token_ids=()):
@@ -177,7 +177,11 @@ def test_real_drafter_equals_hf_generate(family, budget, tmp_path):
     sssd.build_datastore(docs, tmp_path / "ds.sssd", vocab_size=VOCAB)
     drafter = sssd.Drafter(datastore=sssd.Datastore.open(tmp_path / "ds.sssd"))
     prompts = [o[: max(1, len(o) // 2)] for o in others[:4]] + make_prompts(2, seed=41)
-    engine = Engine(tiny_model(family), drafter=drafter, config=EngineConfig(budget=budget, max_batch_size=4))
+    engine = Engine(
+        tiny_model(family),
+        drafter=drafter,
+        config=EngineConfig(budget=budget, max_batch_size=4, budget_mode="fixed"),
+    )
     res = engine.generate(prompts, max_new_tokens=NEW, eos_token_ids=())
     assert [r.tokens for r in res] == [reference(family, p) for p in prompts]
     assert engine.stats.accepted > 0

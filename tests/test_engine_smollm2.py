@@ -58,7 +58,9 @@ def test_smollm2_speculative_greedy_equals_hf_generate(smollm2, tmp_path):
     ds_path = tmp_path / "sample.sssd"
     sssd.build_datastore(sample_corpus(), ds_path, vocab_size=sample_vocab_size(), tokenizer=tok)
     drafter = sssd.Drafter(datastore=sssd.Datastore.open(ds_path, tokenizer=tok))
-    engine = Engine(load(), tok, drafter=drafter, config=EngineConfig(budget=16, prefill_chunk=32))
+    engine = Engine(
+        load(), tok, drafter=drafter, config=EngineConfig(budget=16, prefill_chunk=32, budget_mode="fixed")
+    )
     res = engine.generate(prompts, max_new_tokens=NEW)
     assert [r.tokens for r in res] == refs
     assert engine.stats.steps < 2 * NEW  # speculation saved steps
