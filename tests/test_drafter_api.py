@@ -173,3 +173,23 @@ def test_observe_validation_and_deferral():
     assert d.observe([1], b, [1]) == 1
     d.remove_request(1)
     assert d.observe([1], b, [1]) == 0  # removed: ignored
+
+
+def test_batch_fields_are_complete():
+    import dataclasses
+
+    d = make()
+    d.add_request(1, REPEAT)
+    b = d.propose([1], budget=3)
+    names = {f.name for f in dataclasses.fields(DraftBatch)}
+    assert names == set(vars(b))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        b.tokens = None
+
+
+def test_empty_batch():
+    d = make()
+    b = d.propose([], budget=10)
+    assert b.num_trees == 0 and b.num_nodes == 0 and b.offsets.tolist() == [0] and b.gain.tolist() == [0.0]
+    assert sssd.tree_buffers(b).positions.shape == (0,)
+    assert d.propose([], budget=[]).num_trees == 0

@@ -64,6 +64,8 @@ sssd::DrafterParams drafter_params(const py::dict& d) {
   p.max_depth = get<int32_t>(d, "max_depth", p.max_depth);
   p.max_width = get<int32_t>(d, "max_width", p.max_width);
   p.max_tree_nodes = get<int32_t>(d, "max_tree_nodes", p.max_tree_nodes);
+  p.ds_max_depth = get<int32_t>(d, "ds_max_depth", p.ds_max_depth);
+  p.fusion.min_f = get<double>(d, "min_f", p.fusion.min_f);
   p.pool_max_tokens = get<int64_t>(d, "pool_max_tokens", p.pool_max_tokens);
   p.vocab_size = get<uint64_t>(d, "vocab_size", p.vocab_size);
   return p;
@@ -193,20 +195,21 @@ void bind_drafter(py::module_& m) {
         py::gil_scoped_release release;
         d.extend(rid, s.data, s.size);
       })
-      .def("remove_request", &sssd::Drafter::remove_request, py::arg("rid"), py::arg("add_output_to_pool"))
+      .def("remove_request", &sssd::Drafter::remove_request, py::arg("rid"), py::arg("add_output_to_pool"),
+           py::call_guard<py::gil_scoped_release>())
       .def("add_to_pool", [](sssd::Drafter& d, const py::array& t) {
         const auto s = int32_span(t, "tokens");
         py::gil_scoped_release release;
         d.add_to_pool(s.data, s.size);
       })
-      .def("has_request", &sssd::Drafter::has_request)
-      .def("num_requests", &sssd::Drafter::num_requests)
-      .def("context_length", &sssd::Drafter::context_length)
-      .def("pool_tokens", &sssd::Drafter::pool_tokens)
+      .def("has_request", &sssd::Drafter::has_request, py::call_guard<py::gil_scoped_release>())
+      .def("num_requests", &sssd::Drafter::num_requests, py::call_guard<py::gil_scoped_release>())
+      .def("context_length", &sssd::Drafter::context_length, py::call_guard<py::gil_scoped_release>())
+      .def("pool_tokens", &sssd::Drafter::pool_tokens, py::call_guard<py::gil_scoped_release>())
       .def("propose", &propose)
       .def("observe", &observe)
-      .def("calibration", &sssd::Drafter::calibration)
-      .def("set_calibration", &sssd::Drafter::set_calibration);
+      .def("calibration", &sssd::Drafter::calibration, py::call_guard<py::gil_scoped_release>())
+      .def("set_calibration", &sssd::Drafter::set_calibration, py::call_guard<py::gil_scoped_release>());
 
   m.def("tree_buffers", [](const py::array& parents, const py::array& depth, const py::array& offsets) {
     const auto n = parents.shape(0);

@@ -20,8 +20,12 @@ void check_edges(const std::vector<int32_t>& e, const char* what) {
 }  // namespace
 
 void isotonic_fit(const double* y, const double* w, int32_t n, double* out) {
-  std::vector<double> val, wt;
-  std::vector<int32_t> len;
+  // Blocks of the stack: value, weight, length (reused buffers: refits run on every observe()).
+  static thread_local std::vector<double> val, wt;
+  static thread_local std::vector<int32_t> len;
+  val.clear();
+  wt.clear();
+  len.clear();
   for (int32_t i = 0; i < n; ++i) {
     val.push_back(y[i]);
     wt.push_back(w[i]);
@@ -48,6 +52,10 @@ Calibration::Calibration(std::vector<int32_t> depth_edges, std::vector<int32_t> 
   check_edges(depth_edges_, "depth_edges");
   check_edges(match_edges_, "match_edges");
   if (num_knots_ < 2 || num_knots_ > 1001) throw std::invalid_argument("num_knots must be in [2, 1001]");
+  for (int32_t v = 0; v < kLut; ++v) {
+    depth_lut_.push_back(bucket(depth_edges_, v));
+    match_lut_.push_back(bucket(match_edges_, v));
+  }
   const size_t groups = static_cast<size_t>(kNumSources) * depth_edges_.size() * match_edges_.size();
   values_.resize(groups * static_cast<size_t>(num_knots_));
   weights_.assign(values_.size(), 1e-3);
@@ -78,7 +86,10 @@ void Calibration::set(const std::vector<float>& values, const std::vector<double
 }
 
 int32_t Calibration::group(int32_t source, int32_t depth, int32_t match_len) const {
-  return (source * num_depth() + bucket(depth_edges_, depth)) * num_match() + bucket(match_edges_, match_len);
+  const int32_t d = depth >= 0 && depth < kLut ? depth_lut_[static_cast<size_t>(depth)] : bucket(depth_edges_, depth);
+  const int32_t m =
+      match_len >= 0 && match_len < kLut ? match_lut_[static_cast<size_t>(match_len)] : bucket(match_edges_, match_len);
+  return (source * num_depth() + d) * num_match() + m;
 }
 
 float Calibration::apply(int32_t source, int32_t depth, int32_t match_len, float raw) const {

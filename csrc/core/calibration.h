@@ -16,7 +16,7 @@ class Calibration {
   // Identity map (p = raw) with the given buckets. depth_edges / match_edges are the lower bounds of
   // the buckets (increasing, first <= 1); num_knots >= 2.
   Calibration(std::vector<int32_t> depth_edges, std::vector<int32_t> match_edges, int32_t num_knots);
-  Calibration() : Calibration({1, 2, 3, 4, 6}, {1, 2, 3, 5, 9, 17}, 11) {}
+  Calibration() : Calibration({1, 2, 3, 4, 6, 9, 13}, {1, 2, 3, 5, 9, 17}, 11) {}
 
   int32_t num_depth() const { return static_cast<int32_t>(depth_edges_.size()); }
   int32_t num_match() const { return static_cast<int32_t>(match_edges_.size()); }
@@ -40,7 +40,8 @@ class Calibration {
 
  private:
   void refit(int32_t g);
-  std::vector<int32_t> depth_edges_, match_edges_;
+  static constexpr int32_t kLut = 128;  // bucket lookup tables for depth / match length < kLut
+  std::vector<int32_t> depth_edges_, match_edges_, depth_lut_, match_lut_;
   int32_t num_knots_;
   std::vector<float> values_;
   std::vector<double> weights_, successes_;

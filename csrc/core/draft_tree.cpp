@@ -25,6 +25,10 @@ int32_t CandidateTree::child(int32_t node, int32_t token) {
   for (int32_t c = first_child[node]; c >= 0; c = next_sibling[c]) {
     if (tokens[c] == token) return c;
   }
+  return new_child(node, token);
+}
+
+int32_t CandidateTree::new_child(int32_t node, int32_t token) {
   const int32_t c = size();
   tokens.push_back(token);
   parents.push_back(node);
@@ -48,20 +52,28 @@ void fuse(const CandidateTrie* const tries[kNumSources], const Calibration* cal,
     if (tries[s] != nullptr && tries[s]->size() > 0) root = tries[s]->tokens[0];
   }
   out.reset(root);
-  std::vector<int32_t> map;
-  for (int32_t s = 0; s < kNumSources; ++s) {
+  // The first source is copied without sibling searches (a trie has no duplicate children); the
+  // datastore, usually the largest trie, goes first.
+  static thread_local std::vector<int32_t> map;
+  bool empty = true;
+  for (int32_t s : {1, 0, 2}) {
     const CandidateTrie* t = tries[s];
-    if (t == nullptr) continue;
+    if (t == nullptr || t->size() <= 1) continue;
+    const bool copy = empty;
+    empty = false;
     map.assign(static_cast<size_t>(t->size()), -1);
     map[0] = 0;
     for (int32_t i = 1; i < t->size(); ++i) {
       const int32_t fp = map[static_cast<size_t>(t->parents[i])];
       if (fp < 0 || t->depth[i] > params.max_depth) continue;
-      const int32_t v = out.child(fp, t->tokens[i]);
-      map[static_cast<size_t>(i)] = v;
       const float raw = static_cast<float>(t->counts[i]) /
                         (static_cast<float>(t->counts[t->parents[i]]) + params.alpha);
       const float ps = cal != nullptr ? cal->apply(s, t->depth[i], t->match_len[i], raw) : raw;
+      const double fv = out.f[fp] * static_cast<double>(ps);
+      if (fv < params.min_f) continue;  // its subtree is skipped too (map stays -1)
+      const int32_t v = copy ? out.new_child(fp, t->tokens[i]) : out.child(fp, t->tokens[i]);
+      map[static_cast<size_t>(i)] = v;
+      out.f[v] = std::max(out.f[v], fv);
       const bool first = out.source_mask[v] == 0;
       if (first || ps > out.p[v]) {
         out.source[v] = static_cast<int8_t>(s);
@@ -100,23 +112,30 @@ void select_sequence(const int32_t* parents, const double* f, const int32_t* dep
   seq.clear();
   if (n <= 1 || cap <= 0) return;
   // Children lists (CSR), in index order.
-  std::vector<int32_t> start(static_cast<size_t>(n) + 1, 0), kids(static_cast<size_t>(n));
+  static thread_local std::vector<int32_t> start, kids, fill, width;
+  start.assign(static_cast<size_t>(n) + 1, 0);
+  kids.resize(static_cast<size_t>(n));
   for (int32_t i = 1; i < n; ++i) ++start[static_cast<size_t>(parents[i]) + 1];
   for (int32_t i = 0; i < n; ++i) start[static_cast<size_t>(i) + 1] += start[static_cast<size_t>(i)];
-  std::vector<int32_t> fill(start.begin(), start.end() - 1);
+  fill.assign(start.begin(), start.end() - 1);
   for (int32_t i = 1; i < n; ++i) kids[static_cast<size_t>(fill[static_cast<size_t>(parents[i])]++)] = i;
-  std::vector<int32_t> width(static_cast<size_t>(std::max(max_depth, 0)) + 2, 0);
-  std::priority_queue<Frontier> heap;
+  width.assign(static_cast<size_t>(std::max(max_depth, 0)) + 2, 0);
+  static thread_local std::vector<Frontier> heap;
+  heap.clear();
   auto push_children = [&](int32_t v) {
     for (int32_t k = start[static_cast<size_t>(v)]; k < start[static_cast<size_t>(v) + 1]; ++k) {
       const int32_t c = kids[static_cast<size_t>(k)];
-      if (depth[c] <= max_depth) heap.push({f[c], c});
+      if (depth[c] <= max_depth) {
+        heap.push_back({f[c], c});
+        std::push_heap(heap.begin(), heap.end());
+      }
     }
   };
   push_children(0);
   while (!heap.empty() && static_cast<int32_t>(seq.size()) < cap) {
-    const int32_t v = heap.top().node;
-    heap.pop();
+    std::pop_heap(heap.begin(), heap.end());
+    const int32_t v = heap.back().node;
+    heap.pop_back();
     int32_t& w = width[static_cast<size_t>(depth[v])];
     if (max_width > 0 && w >= max_width) continue;
     ++w;

@@ -18,6 +18,7 @@ struct FusionParams {
   float alpha = 1.0f;       // count smoothing of raw estimates
   bool noisy_or = false;    // fuse sources with 1 - prod(1 - p_s) instead of max_s p_s
   int32_t max_depth = 8;    // deeper candidates are dropped
+  double min_f = 1e-4;      // candidates whose f (before sibling normalization) is below are dropped
 };
 
 struct CandidateTree {
@@ -30,7 +31,8 @@ struct CandidateTree {
 
   void reset(int32_t root_token);
   int32_t size() const { return static_cast<int32_t>(tokens.size()); }
-  int32_t child(int32_t node, int32_t token);  // finds or creates
+  int32_t child(int32_t node, int32_t token);         // finds or creates
+  int32_t new_child(int32_t node, int32_t token);     // creates (the caller knows it is new)
 };
 
 // tries[s] may be null (source off). Calibration may be null (p_s = raw).

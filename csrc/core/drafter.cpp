@@ -27,6 +27,7 @@ void validate_drafter_params(const DrafterParams& p) {
   validate_search_params(p.search);
   if (!(p.fusion.alpha >= 0.0f)) throw std::invalid_argument("alpha must be >= 0");
   if (p.max_depth < 1 || p.max_depth > 64) throw std::invalid_argument("max_depth must be in [1, 64]");
+  if (p.ds_max_depth < 0) throw std::invalid_argument("ds_max_depth must be >= 0");
   if (p.max_tree_nodes < 0) throw std::invalid_argument("max_tree_nodes must be >= 0");
   if (p.pool_max_tokens < 0) throw std::invalid_argument("pool_max_tokens must be >= 0");
 }
@@ -35,7 +36,8 @@ Drafter::Drafter(const DrafterParams& params, std::vector<DatastoreView> shards)
     : params_(params), shards_(std::move(shards)), pool_(params.index_max_n, params.pool_max_tokens) {
   validate_drafter_params(params_);
   params_.fusion.max_depth = params_.max_depth;
-  params_.input.max_depth = params_.pool.max_depth = params_.search.max_depth = params_.max_depth;
+  params_.input.max_depth = params_.pool.max_depth = params_.max_depth;
+  params_.search.max_depth = params_.ds_max_depth > 0 ? std::min(params_.ds_max_depth, params_.max_depth) : params_.max_depth;
   if (!shards_.empty()) {
     const uint64_t v = shards_[0].header->vocab_size;
     if (params_.vocab_size == 0 || v < params_.vocab_size) params_.vocab_size = v;

@@ -26,6 +26,7 @@ struct DrafterParams {
   bool calibrated = true;    // false: p = raw estimates
   bool online = true;        // observe() updates the calibration
   int32_t max_depth = 8, max_width = 0, max_tree_nodes = 127;
+  int32_t ds_max_depth = 0;  // continuation tokens read per datastore occurrence (0: max_depth)
   int64_t pool_max_tokens = 1 << 20;
   uint64_t vocab_size = 0;   // token ids must be < vocab_size when > 0
 };

@@ -54,7 +54,7 @@ int32_t NgramIndex::lookup(uint64_t k) const {
 int32_t* NgramIndex::slot(uint64_t k) {
   const size_t mask = keys_.size() - 1;
   for (size_t i = k & mask;; i = (i + 1) & mask) {
-    if (heads_[i] < 0) {
+    if (heads_[i] < 0) {  // heads_ (4 bytes a slot) is probed first: new keys rarely touch keys_
       keys_[i] = k;
       ++used_;
       return &heads_[i];
@@ -76,8 +76,16 @@ void NgramIndex::grow() {
 
 void NgramIndex::append(const int32_t* tokens, int64_t n) {
   if (size() + n >= (int64_t{1} << 31)) throw std::length_error("n-gram index holds at most 2^31 tokens");
-  tokens_.reserve(tokens_.size() + static_cast<size_t>(n));
-  prev_.reserve(prev_.size() + static_cast<size_t>(n) * static_cast<size_t>(max_n_));
+  // Geometric growth (reserve(size + n) on every small append would copy the whole index each time).
+  if (tokens_.size() + static_cast<size_t>(n) > tokens_.capacity()) {
+    const size_t want = std::max(tokens_.size() + static_cast<size_t>(n), 2 * tokens_.capacity());
+    tokens_.reserve(want);
+    doc_of_.reserve(want);
+    prev_.reserve(want * static_cast<size_t>(max_n_));
+  }
+  // One rehash up front for a long append (at most one new key per n-gram).
+  const uint64_t keys_needed = static_cast<uint64_t>(used_) + static_cast<uint64_t>(n) * static_cast<uint64_t>(max_n_);
+  while (keys_needed * 2 > keys_.size() && static_cast<uint64_t>(n) > keys_.size() / 8) grow();
   const int32_t doc = num_documents() - 1;
   const int64_t doc_start = doc_starts_.back();
   for (int64_t i = 0; i < n; ++i) {

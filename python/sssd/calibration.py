@@ -25,7 +25,7 @@ import numpy as np
 from sssd import _core
 
 SOURCES = ("input", "datastore", "pool")  # source ids 0, 1, 2 (DraftBatch.source)
-DEFAULT_DEPTH_EDGES = (1, 2, 3, 4, 6)
+DEFAULT_DEPTH_EDGES = (1, 2, 3, 4, 6, 9, 13)
 DEFAULT_MATCH_EDGES = (1, 2, 3, 5, 9, 17)
 DEFAULT_NUM_KNOTS = 11
 FORMAT = "sssd-calibration"
