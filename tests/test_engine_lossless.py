@@ -185,3 +185,33 @@ def test_real_drafter_equals_hf_generate(family, budget, tmp_path):
     res = engine.generate(prompts, max_new_tokens=NEW, eos_token_ids=())
     assert [r.tokens for r in res] == [reference(family, p) for p in prompts]
     assert engine.stats.accepted > 0
+
+
+class AlternatingPolicy:
+    """A scheduler stand-in: budget 0 on even steps, per-request budgets on odd steps."""
+
+    def __init__(self):
+        self.views, self.timings = [], []
+
+    def plan(self, view):
+        self.views.append(view)
+        return 0 if len(self.views) % 2 else [3 + i for i in range(len(view.request_ids))]
+
+    def observe(self, timing):
+        self.timings.append(timing)
+
+
+def test_budget_policy_hook():
+    family = "qwen2"
+    prompts = make_prompts(3, seed=9)
+    policy = AlternatingPolicy()
+    drafter = oracle(family, prompts)
+    engine = Engine(tiny_model(family), drafter=drafter, config=EngineConfig(policy=policy))
+    out = [r.tokens for r in engine.generate(prompts, max_new_tokens=NEW, eos_token_ids=())]
+    assert out == [reference(family, p) for p in prompts]
+    assert len(policy.timings) == len(policy.views) == engine.stats.steps
+    t = policy.timings[1]
+    assert t.budget == (3, 4, 5) and t.batch_size == 3 and t.num_nodes <= 3 + 12
+    assert policy.timings[0].budget == 0 and policy.timings[0].num_nodes == 3
+    assert all(x.step_time >= x.forward_time > 0 for x in policy.timings)
+    assert policy.views[0].remaining == [NEW] * 3
