@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from serve_workload import POLICIES, poisson_workload, summarize
+from serve_workload import EXTRA_POLICIES, POLICIES, poisson_workload, summarize
 from sssd.costmodel import CostModel
 from sssd.pairs import load_pairs
 from sssd.policy import BudgetConfig, BudgetPolicy
@@ -39,21 +39,30 @@ COLUMNS = (
 
 
 def make_policy(name: str, cost: CostModel) -> tuple[BudgetPolicy, bool]:
-    mode, budget, slo = POLICIES[name]
+    mode, budget, slo = {**POLICIES, **EXTRA_POLICIES}[name]
     fresh = CostModel.from_dict(cost.to_dict())  # each run learns online from the same seed
-    return BudgetPolicy(BudgetConfig(mode=mode, budget=budget), fresh), slo
+    cfg = BudgetConfig(mode=mode, budget=budget, slo_via_drafter=name.endswith("-drafter"))
+    return BudgetPolicy(cfg, fresh), slo
+
+
+def bench_cache() -> Path:
+    from sssd.models import cache_dir
+
+    return cache_dir() / "bench"
 
 
 def datastore_path(cache: Path) -> Path:
     """The datastore of the other-outputs corpus (built once into ``cache``)."""
     import sssd
 
-    path = cache / "smollm2_other_outputs.sssd"
+    path = cache / "smollm2_other_outputs.v2.sssd"  # v2: records the SmolLM2 tokenizer fingerprint
     if not path.exists():
         tokens = np.load(DATA / "smollm2_other_outputs.tokens.npy")
         offsets = np.load(DATA / "smollm2_other_outputs.offsets.npy")
         cache.mkdir(parents=True, exist_ok=True)
-        sssd.build_datastore((tokens, offsets), path, vocab_size=49152)
+        from sssd.models import load_tokenizer
+
+        sssd.build_datastore((tokens, offsets), path, vocab_size=49152, tokenizer=load_tokenizer())
     return path
 
 
@@ -83,7 +92,7 @@ def run_sim(args) -> list[dict]:
 
     cost = CostModel.load(args.profile)
     pairs = load_pairs(args.pairs, limit=args.pairs_limit)
-    make_drafter, dname = drafter_factory(args.drafter, RESULTS / "cache")
+    make_drafter, dname = drafter_factory(args.drafter, bench_cache())
     tight, relaxed = slo_targets(cost, args.max_batch // 2 or 1, args)
     print(f"sim: {len(pairs)} pairs, drafter {dname}, profile {args.profile}: {cost}")
     print(f"TPOT targets: tight {tight * 1e3:.1f} ms, relaxed {relaxed * 1e3:.1f} ms")
@@ -117,7 +126,7 @@ def _budget_by_batch(log) -> dict[int, float]:
 def _print_row(row: dict) -> None:
     vals = " ".join(f"{row.get(c, float('nan')):>9.3f}" for c in COLUMNS)
     extra = f"budget {row.get('mean_budget', 0):6.1f} batch {row.get('mean_batch', 0):5.1f}"
-    print(f"{row['mode']:>4} rate {row['rate']:>6.2f} {row['policy']:>13} {vals}  {extra}", flush=True)
+    print(f"{row['mode']:>4} rate {row['rate']:>6g} {row['policy']:>13} {vals}  {extra}", flush=True)
 
 
 def main(argv=None) -> int:
@@ -137,11 +146,12 @@ def main(argv=None) -> int:
     p.add_argument("--tight-s", type=float, default=None)
     p.add_argument("--relaxed-s", type=float, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1, help="real mode: torch threads")
     p.add_argument("--model", default=None, help="real mode: model dir or .gguf (default SmolLM2-135M)")
     p.add_argument("--out", default=None, help="results JSON (default bench/results/serve_<mode>.json)")
     p.add_argument("--no-plots", action="store_true")
     args = p.parse_args(argv)
-    bad = [x for x in args.policies if x not in POLICIES]
+    bad = [x for x in args.policies if x not in POLICIES and x not in EXTRA_POLICIES]
     if bad:
         p.error(f"unknown policies {bad}; choose from {list(POLICIES)}")
     if args.mode == "sim":

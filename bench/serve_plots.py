@@ -27,6 +27,7 @@ def plot_all(rows: list[dict], out_dir: Path, mode: str) -> list[Path]:
         ax.set_ylabel(f"{what} request latency (s)")
         ax.set_xscale("log")
         ax.set_yscale("log")
+        _rate_ticks(ax, rates)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     fig.suptitle(f"serving latency vs rate ({mode})")
@@ -46,7 +47,7 @@ def plot_all(rows: list[dict], out_dir: Path, mode: str) -> list[Path]:
             xs = sorted(pts)
             ax.plot(xs, [sum(pts[x]) / len(pts[x]) for x in xs], marker="o", label=pol)
     ax.set_xlabel("batch size (active requests)")
-    ax.set_ylabel("mean chosen global budget (draft tokens)")
+    ax.set_ylabel("mean chosen global budget (draft tokens, whole batch)")
     ax.grid(alpha=0.3)
     ax.legend()
     ax.set_title(f"adaptive budget vs batch size ({mode})")
@@ -63,6 +64,7 @@ def plot_all(rows: list[dict], out_dir: Path, mode: str) -> list[Path]:
             )
             ax.plot([r["rate"] for r in rs], [r.get(f"attain_{cls}") for r in rs], marker="o", label=pol)
         ax.set_xscale("log")
+        _rate_ticks(ax, rates)
         ax.set_xlabel("request rate (req/s)")
         ax.set_title(f"{cls} TPOT class")
         ax.grid(alpha=0.3)
@@ -72,5 +74,10 @@ def plot_all(rows: list[dict], out_dir: Path, mode: str) -> list[Path]:
     files.append(out_dir / f"serve_{mode}_slo.png")
     fig.savefig(files[-1], dpi=110)
     plt.close(fig)
-    del rates
     return files
+
+
+def _rate_ticks(ax, rates) -> None:
+    ax.set_xticks(rates)
+    ax.set_xticklabels([f"{r:g}" for r in rates])
+    ax.minorticks_off()

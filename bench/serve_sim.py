@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from serve_workload import Arrival, Finished, StepLog
-from sssd.costmodel import CostModel
+from sssd.costmodel import CostModel, forward_features
 from sssd.policy import BudgetPolicy, StepTiming, StepView
 from sssd.simulate import accepted_lengths
 
@@ -34,7 +34,7 @@ class _Live:
 
 def prefill_s(cost: CostModel, prompt_tokens: int, n_new: int) -> float:
     """Predicted time of prefilling ``n_new`` prompts of ``prompt_tokens`` tokens in total."""
-    fwd = cost.forward.predict(np.array([0.0, float(prompt_tokens), 1.0]))
+    fwd = cost.forward.predict(np.array(forward_features(0, prompt_tokens, prompt_tokens)))
     oth = cost.other.predict(np.array([float(n_new), float(n_new), 1.0]))
     return float(max(fwd, 0.0) + max(oth, 0.0))
 

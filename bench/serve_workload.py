@@ -21,6 +21,8 @@ POLICIES: dict[str, tuple[str, int, bool]] = {
     "adaptive": ("adaptive", 64, False),
     "adaptive+slo": ("adaptive", 64, True),
 }
+# Variants run only when named with --policies: SLO-first ranking by the drafter instead of the policy.
+EXTRA_POLICIES: dict[str, tuple[str, int, bool]] = {"adaptive+slo-drafter": ("adaptive", 64, True)}
 
 
 @dataclass(frozen=True)

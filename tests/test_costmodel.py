@@ -57,7 +57,7 @@ def _timings(rng, n, fwd, drf, oth, outliers=0.1):
                 n_context=ctx,
                 n_batched=nb,
                 budget=k,
-                forward_s=fwd[0] * ctx + fwd[1] * nb + fwd[2] + (0.2 if slow else 0.0),
+                forward_s=fwd[0] * ctx + fwd[1] * nb + fwd[2] * (k > 0) + fwd[3] + (0.2 if slow else 0.0),
                 draft_s=drf[0] * b + drf[1] * k + drf[2] if k else 0.0,
                 other_s=oth[0] * b + oth[1] * nb + oth[2],
             )
@@ -67,23 +67,24 @@ def _timings(rng, n, fwd, drf, oth, outliers=0.1):
 
 def test_cost_model_fit_recovers_all_parts():
     rng = np.random.default_rng(2)
-    fwd, drf, oth = (2e-7, 3e-4, 1e-2), (4e-5, 2e-6, 1e-4), (2e-5, 1e-6, 3e-4)
+    fwd, drf, oth = (2e-7, 3e-4, 4e-3, 1e-2), (4e-5, 2e-6, 1e-4), (2e-5, 1e-6, 3e-4)
     cm = CostModel(prior_weight=0.0).fit(_timings(rng, 300, fwd, drf, oth))
     np.testing.assert_allclose(cm.forward.coef, fwd, rtol=0.05)
     np.testing.assert_allclose(cm.draft.coef, drf, rtol=0.05)
     np.testing.assert_allclose(cm.other.coef, oth, rtol=0.05)
     c = cm.predict(4, 4000, [0, 16])
     assert c.draft[0] == 0.0 and c.draft[1] > 0
+    assert c.forward[1] - c.forward[0] == pytest.approx(16 * fwd[1] + fwd[2], rel=0.05)
     assert c.total[1] > c.total[0]
 
 
 def test_online_refresh_tracks_a_changed_machine():
     rng = np.random.default_rng(3)
-    cm = CostModel(forward=(2e-7, 3e-4, 1e-2), window=128, forget=0.97)
+    cm = CostModel(forward=(2e-7, 3e-4, 0.0, 1e-2), window=128, forget=0.97)
     # the machine gets twice as slow: the window forgets the old regime
-    for t in _timings(rng, 200, (4e-7, 6e-4, 2e-2), (0, 0, 0), (0, 0, 0), outliers=0.05):
+    for t in _timings(rng, 200, (4e-7, 6e-4, 5e-3, 2e-2), (0, 0, 0), (0, 0, 0), outliers=0.05):
         cm.observe(t)
-    np.testing.assert_allclose(cm.forward.coef, (4e-7, 6e-4, 2e-2), rtol=0.1)
+    np.testing.assert_allclose(cm.forward.coef, (4e-7, 6e-4, 5e-3, 2e-2), rtol=0.1)
 
 
 def test_prior_holds_unexcited_directions():
@@ -105,6 +106,10 @@ def test_profile_round_trip(tmp_path):
     assert json.loads(p.read_text())["version"] == 1
     with pytest.raises(FileNotFoundError):
         CostModel.load(tmp_path / "missing.json")
+    old = json.loads(p.read_text())  # a profile from before the tree-step term still loads
+    del old["forward"]["tree"]
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    assert CostModel.load(tmp_path / "old.json").forward.coef[2] == 0.0
     (tmp_path / "bad.json").write_text('{"version": 1, "forward": {}}')
     with pytest.raises(ValueError):
         CostModel.load(tmp_path / "bad.json")

@@ -115,7 +115,7 @@ def test_budget_zero_and_speculation_share_the_engine():
     family = "gemma"
     prompts = make_prompts(3, seed=5)
     drafter = oracle(family, prompts)
-    engine = Engine(tiny_model(family), drafter=drafter, config=EngineConfig(budget=8))
+    engine = Engine(tiny_model(family), drafter=drafter, config=EngineConfig(budget=8, budget_mode="fixed"))
     r = [
         engine.add_request(p, max_new_tokens=NEW, eos_token_ids=(), budget=b)
         for p, b in zip(prompts, [0, 30, 5], strict=True)
@@ -153,7 +153,7 @@ def test_stream_yields_tokens_as_accepted():
     family = "qwen2"
     prompts = make_prompts(2, seed=8)
     drafter = oracle(family, prompts)
-    engine = Engine(tiny_model(family), drafter=drafter, config=EngineConfig(budget=16))
+    engine = Engine(tiny_model(family), drafter=drafter, config=EngineConfig(budget=16, budget_mode="fixed"))
     got: dict[int, list[int]] = {0: [], 1: []}
     done = []
     for ev in engine.stream(prompts, max_new_tokens=NEW, eos_token_ids=()):
@@ -164,3 +164,54 @@ def test_stream_yields_tokens_as_accepted():
     assert sorted(done) == [0, 1]
     assert [got[0], got[1]] == [reference(family, p) for p in prompts]
     assert engine.stats.tokens == 2 * NEW and engine.stats.steps < 2 * NEW
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("budget", [8, 64])
+def test_real_drafter_equals_hf_generate(family, budget, tmp_path):
+    """Trees from sssd's own Drafter over a datastore of the model's outputs on other prompts."""
+    import sssd
+
+    others = make_prompts(12, seed=40)
+    docs = [np.asarray(p + reference(family, p), dtype=np.int32) for p in others]
+    sssd.build_datastore(docs, tmp_path / "ds.sssd", vocab_size=VOCAB)
+    drafter = sssd.Drafter(datastore=sssd.Datastore.open(tmp_path / "ds.sssd"))
+    prompts = [o[: max(1, len(o) // 2)] for o in others[:4]] + make_prompts(2, seed=41)
+    engine = Engine(
+        tiny_model(family),
+        drafter=drafter,
+        config=EngineConfig(budget=budget, max_batch_size=4, budget_mode="fixed"),
+    )
+    res = engine.generate(prompts, max_new_tokens=NEW, eos_token_ids=())
+    assert [r.tokens for r in res] == [reference(family, p) for p in prompts]
+    assert engine.stats.accepted > 0
+
+
+class AlternatingPolicy:
+    """A scheduler stand-in: budget 0 on even steps, per-request budgets on odd steps."""
+
+    def __init__(self):
+        self.views, self.timings = [], []
+
+    def plan(self, view):
+        self.views.append(view)
+        return 0 if len(self.views) % 2 else [3 + i for i in range(len(view.request_ids))]
+
+    def observe(self, timing):
+        self.timings.append(timing)
+
+
+def test_budget_policy_hook():
+    family = "qwen2"
+    prompts = make_prompts(3, seed=9)
+    policy = AlternatingPolicy()
+    drafter = oracle(family, prompts)
+    engine = Engine(tiny_model(family), drafter=drafter, config=EngineConfig(policy=policy))
+    out = [r.tokens for r in engine.generate(prompts, max_new_tokens=NEW, eos_token_ids=())]
+    assert out == [reference(family, p) for p in prompts]
+    assert len(policy.timings) == len(policy.views) == engine.stats.steps
+    t = policy.timings[1]
+    assert t.budget == (3, 4, 5) and t.batch_size == 3 and t.num_nodes <= 3 + 12
+    assert policy.timings[0].budget == 0 and policy.timings[0].num_nodes == 3
+    assert all(x.step_time >= x.forward_time > 0 for x in policy.timings)
+    assert policy.views[0].remaining == [NEW] * 3

@@ -119,10 +119,13 @@ def test_slo_first_serves_short_requests_first():
     np.testing.assert_allclose(r.gain[1:4], [0.6, 0.96, 1.176], rtol=1e-6)
     # the most short request first among equal priorities; priority overrides shortfall
     b2 = make_batch([chain(2, 0.5), chain(2, 0.5)])
-    r2 = slo_first(b2, 0.1, np.array([0.06, 0.03]))  # request 1 is shorter
+    r2 = slo_first(b2, 0.1, np.array([0.07, 0.06]))  # request 1 is shorter (0.04 vs 0.03 s)
     assert r2.rank[4] == 0
-    r3 = slo_first(b2, 0.1, np.array([0.06, 0.03]), priority=np.array([1.0, 0.0]))
+    r3 = slo_first(b2, 0.1, np.array([0.07, 0.06]), priority=np.array([1.0, 0.0]))
     assert r3.rank[1] == 0
+    # a request that cannot reach its target (needs Σf >= 2.33, has 0.75) gets no SLO priority
+    r4 = slo_first(b2, 0.1, np.array([np.inf, 0.03]))
+    np.testing.assert_array_equal(r4.rank, b2.rank)
 
 
 def test_adaptive_policy_backs_off_when_speculation_does_not_pay():
@@ -181,3 +184,12 @@ def test_generic_truncate_matches_fake_batch():
         want, got = b.truncate(k), truncate_batch(clone, k)
         for name in ("tokens", "parents", "probs", "depth", "offsets", "rank"):
             np.testing.assert_array_equal(getattr(got, name), getattr(want, name), err_msg=f"{name} k={k}")
+
+
+def test_tree_step_overhead_makes_small_budgets_unattractive():
+    b = make_batch([chain(8, 0.5)])
+    cheap = CostModel(forward=(0.0, 1e-3, 0.0, 0.1), draft=(0, 0, 0), other=(0, 0, 0))
+    jump = CostModel(forward=(0.0, 1e-3, 0.12, 0.1), draft=(0, 0, 0), other=(0, 0, 0))
+    assert choose_budget(b.gain, 1, 0, cheap).budget > 0
+    # a tree step costs 120 ms more than a plain one: at most 2 tokens in 0.23 s < 1 token in 0.1 s
+    assert choose_budget(b.gain, 1, 0, jump).budget == 0

@@ -76,3 +76,28 @@ def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
             pad_token_id=0,
         )
     return out[0, len(prompt) :].tolist()
+
+
+class TinyTokenizer:
+    """A word-level tokenizer over the tiny vocabulary: token ``i`` is the word ``w{i}``; ``tag``
+    changes the vocabulary (and so its fingerprint)."""
+
+    def __init__(self, tag: str = "", eos_token_id: int | None = 1):
+        self.words = [f"w{i}{tag}" for i in range(VOCAB)]
+        self.eos_token_id = eos_token_id
+        self.name_or_path = f"tiny{tag}"
+
+    def __len__(self) -> int:
+        return VOCAB
+
+    def get_vocab(self) -> dict[str, int]:
+        return {w: i for i, w in enumerate(self.words)}
+
+    def __call__(self, text: str) -> dict[str, list[int]]:
+        index = self.get_vocab()
+        return {"input_ids": [index[w] for w in text.split()]}
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return " ".join(
+            self.words[int(i)] for i in ids if not (skip_special_tokens and i == self.eos_token_id)
+        )

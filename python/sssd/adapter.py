@@ -84,6 +84,25 @@ def _register() -> None:
     AttentionInterface.register(ATTENTION_NAME, sssd_attention)
 
 
+class StepOutput:
+    """What one forward produced: either hidden states ``[N, hidden]`` plus the output head (logits are
+    computed only for the rows asked for), or the full logits ``[N, vocab]``."""
+
+    def __init__(self, rows: torch.Tensor, head: Any = None):
+        self.rows, self.head = rows, head
+
+    def __len__(self) -> int:
+        return int(self.rows.shape[0])
+
+    def logits(self, index: Any = None) -> torch.Tensor:
+        """Logits ``[k, vocab]`` of the packed rows ``index`` (all rows when None)."""
+        x = self.rows if index is None else self.rows[torch.as_tensor(index, device=self.rows.device)]
+        if self.head is None:
+            return x
+        with torch.inference_mode():
+            return self.head(x)
+
+
 @dataclass(frozen=True)
 class Tree:
     """One request's part of a forward: nodes stored after its committed rows, in this order."""
@@ -139,27 +158,44 @@ class ModelAdapter:
         self._probe()
 
     # -- forward passes -------------------------------------------------------------------------------
-    def _run(self, ids: np.ndarray, pos: np.ndarray, ctx: StepContext, keep: int = 0) -> torch.Tensor:
+    def _run(self, ids: np.ndarray, pos: np.ndarray, ctx: StepContext, mode: str) -> torch.Tensor | None:
+        """mode: "logits" (full model, all rows), "hidden" (base model's last hidden states) or "none"."""
         dev = self.device
         input_ids = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)).to(dev).unsqueeze(0)
         position_ids = torch.from_numpy(np.ascontiguousarray(pos, dtype=np.int64)).to(dev).unsqueeze(0)
+        kw = dict(input_ids=input_ids, position_ids=position_ids, use_cache=False, sssd_step=ctx)
         with torch.inference_mode():
-            out = self.model(
-                input_ids=input_ids,
-                position_ids=position_ids,
-                use_cache=False,
-                logits_to_keep=keep,
-                sssd_step=ctx,
-            )
-        return out.logits[0]
+            if mode == "logits" or (mode == "none" and self._base is None):
+                out = self.model(**kw, logits_to_keep=0 if mode == "logits" else 1)
+                return out.logits[0] if mode == "logits" else None
+            hidden = self._base(**kw).last_hidden_state[0]
+        return hidden if mode == "hidden" else None
 
     def _probe(self) -> None:
-        """One tiny forward on a scratch slot: every layer must call our attention exactly once."""
+        """Tiny forwards on a scratch slot: every layer must call our attention exactly once; and the
+        output head is applied lazily (only to the rows verification asks for) when the model's logits
+        are exactly ``output_embeddings(base_model(...))``."""
+        self._base = None
         slot = self.cache.add()
+        tree = Tree(np.array([0, 1, 2], np.int64), np.array([-1, 0, 0]), np.array([0, 1, 1]))
         try:
-            ctx = self._context(slot, [Tree(np.zeros(2, np.int64), np.array([-1, 0]), np.array([0, 1]))])
+            ctx = self._context(slot, [tree])
             ctx.record = True
-            self._run(np.zeros(2, np.int64), np.array([0, 1]), ctx, keep=1)
+            logits = self._run(tree.tokens, tree.depth, ctx, "logits")
+            base = getattr(self.model, "base_model", None)
+            head = (
+                self.model.get_output_embeddings() if hasattr(self.model, "get_output_embeddings") else None
+            )
+            if base is not None and base is not self.model and head is not None:
+                self._base, self._head = base, head
+                try:
+                    hidden = self._run(tree.tokens, tree.depth, self._context(slot, [tree]), "hidden")
+                    with torch.inference_mode():
+                        same = torch.allclose(head(hidden).float(), logits.float(), rtol=1e-4, atol=1e-5)
+                except Exception:  # any surprise: keep the full forward
+                    same = False
+                if not same:  # e.g. logit scaling or soft-capping after the head
+                    self._base = None
         except (TypeError, RuntimeError, NotImplementedError) as e:
             raise ValueError(f"{self.model_class} cannot run sssd tree attention: {e}") from e
         finally:
@@ -170,6 +206,10 @@ class ModelAdapter:
                 f"AttentionInterface (saw layers {sorted(set(ctx.calls))} of {self.num_layers}); "
                 "sssd cannot replace its attention"
             )
+
+    @property
+    def lazy_head(self) -> bool:
+        return self._base is not None
 
     def _context(self, slot_start: int, trees: list[Tree]) -> StepContext:
         cache = self.cache
@@ -207,15 +247,17 @@ class ModelAdapter:
             ).to(dev)
         return StepContext(cache, slot_start, slot_start + b, rows, n_max, writes, visible, pad_src, unpad)
 
-    def forward_trees(self, trees: list[Tree]) -> torch.Tensor:
-        """Score the trees of slots ``0..B-1`` (nodes written to their scratch rows). Returns logits
-        ``[N, vocab]`` of the packed nodes (tree 0's nodes first)."""
+    def forward_trees(self, trees: list[Tree]) -> StepOutput:
+        """Score the trees of slots ``0..B-1`` (nodes written to their scratch rows). The result gives
+        the logits of any packed node rows (tree 0's nodes first)."""
         if len(trees) != self.cache.num_active:
             raise ValueError(f"{len(trees)} trees for {self.cache.num_active} active slots")
         ctx = self._context(0, trees)
         ids = np.concatenate([t.tokens for t in trees])
         pos = np.concatenate([c + t.depth for c, t in zip(self.cache.lengths, trees, strict=True)])
-        return self._run(ids, pos, ctx)
+        if self.lazy_head:
+            return StepOutput(self._run(ids, pos, ctx, "hidden"), self._head)
+        return StepOutput(self._run(ids, pos, ctx, "logits"), None)
 
     def prefill(self, slot: int, tokens: np.ndarray) -> None:
         """Append ``tokens`` (committed context) to ``slot``'s rows, ``prefill_chunk`` tokens per forward."""
@@ -226,7 +268,7 @@ class ModelAdapter:
             tree = Tree(chunk, np.arange(-1, n - 1), np.arange(n))
             ctx = self._context(slot, [tree])
             start = int(self.cache.lengths[slot])
-            self._run(chunk, start + np.arange(n), ctx, keep=1)
+            self._run(chunk, start + np.arange(n), ctx, "none")
             self.cache.lengths[slot] = start + n
 
     def commit(self, paths: list[np.ndarray]) -> None:

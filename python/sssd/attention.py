@@ -18,6 +18,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+_SDPA_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)  # enable_gqa argument
+
 
 def ancestor_mask(parents: np.ndarray) -> np.ndarray:
     """bool ``[n, n]``: ``m[i, j]`` is True when node ``j`` is node ``i`` or one of its ancestors.
@@ -108,8 +110,13 @@ def tree_attention(
     Returns ``[B, H, n, D]``.
     """
     mask = None if visible is None else visible.unsqueeze(1)
-    gqa = q.shape[1] != k.shape[1]
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling, enable_gqa=gqa)
+    if q.shape[1] == k.shape[1]:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling)
+    if _SDPA_GQA:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling, enable_gqa=True)
+    group = q.shape[1] // k.shape[1]  # torch < 2.5: repeat the K/V heads
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling)
 
 
 def commit_reference(cache: torch.Tensor, length: int, path: np.ndarray) -> torch.Tensor:

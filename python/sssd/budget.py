@@ -140,9 +140,10 @@ def slo_first(batch, step_s: float, targets: np.ndarray, *, slack_s: float = 0.0
     """SLO-aware re-ranking (used when the drafter has no SLO selection of its own).
 
     A request is *short* when its expected tokens per step × TPOT target falls short of the step time:
-    (1 + Σf of its nodes so far) · target < step_s + slack_s. Nodes go first to short requests (higher
-    priority first, then the most short), each node moving its request towards its target, until no
-    request is short; the remaining nodes follow in the original (throughput-optimal) order.
+    (1 + Σf of its nodes so far) · target < step_s + slack_s. Nodes go first to short requests that can
+    still reach their target with their candidates (higher priority first, then the most short), each
+    node moving its request towards its target, until no such request is short; the remaining nodes
+    follow in the original (throughput-optimal) order.
     ``targets`` [B] seconds (inf = no target), ``priority`` [B] (larger = first; default 0).
     """
     f = accumulated_probs(batch)
@@ -160,10 +161,16 @@ def slo_first(batch, step_s: float, targets: np.ndarray, *, slack_s: float = 0.0
         queues.append(list(nodes[np.argsort(rank[nodes], kind="stable")]))
     expected = np.ones(b)  # tokens per step so far: the bonus token
     need = step_s + slack_s
+    # A request that cannot reach its target this step even with all of its nodes gets no SLO priority:
+    # pouring nodes into it would cost everyone step time and still miss.
+    total = 1.0 + np.array([f[q].sum() if q else 0.0 for q in queues])
+    reachable = total * targets >= need
     key = np.asarray(rank, dtype=np.float64).copy() + len(rank)  # default: after every SLO node
     next_key = 0
     while True:
-        short = np.flatnonzero((expected * targets < need) & np.array([len(q) > 0 for q in queues]))
+        short = np.flatnonzero(
+            (expected * targets < need) & reachable & np.array([len(q) > 0 for q in queues])
+        )
         if len(short) == 0:
             break
         deficit = need - expected * targets  # most short first within the same priority

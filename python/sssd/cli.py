@@ -13,6 +13,8 @@ import sys
 # (name, module, one-line help). Keep in alphabetical order.
 COMMANDS: list[tuple[str, str, str]] = [
     ("calibrate", "sssd.commands.calibrate", "fit a calibration table on pairs with the simulator"),
+    ("demo", "sssd.commands.demo", "SmolLM2 demo: generate with and without speculation, compare"),
+    ("generate", "sssd.commands.generate", "generate with speculative decoding; outputs + stats"),
     ("info", "sssd.commands.info", "show a datastore's header and check it"),
     ("profile", "sssd.commands.profile", "measure a model's step cost and save the cost profile (JSON)"),
     ("simulate", "sssd.commands.simulate", "replay (prompt, output) pairs through a drafter: MAL, timing"),

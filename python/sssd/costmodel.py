@@ -2,9 +2,10 @@
 
 A step has three timed parts, each modelled as a small linear function of its features:
 
-- forward (verification): ``T_fwd = a·N_context + b·N_batched + c`` where ``N_context`` is the total
-  number of committed tokens of the batch (the attention reads them) and ``N_batched`` the number of
-  tokens scored in the forward (one root per request + the draft nodes);
+- forward (verification): ``T_fwd = a·N_context + b·N_batched + t·[any draft node] + c`` where
+  ``N_context`` is the total number of committed tokens of the batch (the attention reads them),
+  ``N_batched`` the number of tokens scored in the forward (one root per request + the draft nodes) and
+  ``t`` the fixed extra cost of a tree step over a plain decoding step (masks, tree attention path);
 - drafting: ``T_draft = d·B + e·budget + g`` for a propose call over ``B`` requests at a global budget;
 - bookkeeping (verification, KV commit, drafter updates): ``T_other = h·B + i·N_batched + j``.
 
@@ -29,7 +30,7 @@ import numpy as np
 PROFILE_VERSION = 1
 
 # Feature names of each part, in coefficient order (the last feature is the constant 1).
-FORWARD_FEATURES = ("n_context", "n_batched", "const")
+FORWARD_FEATURES = ("n_context", "n_batched", "tree", "const")
 DRAFT_FEATURES = ("batch_size", "budget", "const")
 OTHER_FEATURES = ("batch_size", "n_batched", "const")
 
@@ -168,6 +169,11 @@ def _anchor_points(x: np.ndarray) -> np.ndarray:
     return np.stack(pts)
 
 
+def forward_features(n_context: float, n_batched: float, batch_size: float) -> list[float]:
+    """Feature vector of the forward part (order of ``FORWARD_FEATURES``)."""
+    return [float(n_context), float(n_batched), 1.0 if n_batched > batch_size else 0.0, 1.0]
+
+
 @dataclass(frozen=True)
 class StepSample:
     """Measured times (seconds) and sizes of one engine step, the cost model's unit of evidence."""
@@ -199,7 +205,7 @@ class CostModel:
 
     def __init__(
         self,
-        forward: tuple[float, float, float] = (2e-8, 2e-4, 5e-3),
+        forward: tuple[float, ...] = (2e-8, 2e-4, 0.0, 5e-3),
         draft: tuple[float, float, float] = (5e-5, 1e-6, 5e-5),
         other: tuple[float, float, float] = (5e-5, 1e-6, 2e-4),
         *,
@@ -209,6 +215,8 @@ class CostModel:
         meta: dict | None = None,
     ) -> None:
         kw = dict(window=window, forget=forget, prior_weight=prior_weight)
+        if len(forward) == 3:  # (a, b, c): no tree-step term
+            forward = (forward[0], forward[1], 0.0, forward[2])
         self.forward = OnlineLinearFit(FORWARD_FEATURES, np.array(forward), **kw)
         self.draft = OnlineLinearFit(DRAFT_FEATURES, np.array(draft), **kw)
         self.other = OnlineLinearFit(OTHER_FEATURES, np.array(other), **kw)
@@ -229,17 +237,20 @@ class CostModel:
         > 0 unless ``drafted`` says whether a propose call is (True) or is not (False) part of the step;
         ``draft_budget``: the budget the drafter was asked for (one propose at the largest candidate, then
         truncated), default each candidate's own budget."""
+        # Written out (no feature matrices): the policy calls this every step for every candidate.
         k = np.asarray(budgets, dtype=np.float64)
-        one = np.ones_like(k)
         n_batched = batch_size + k
-        fwd = self.forward.predict(np.stack([n_context * one, n_batched, one], axis=-1))
-        oth = self.other.predict(np.stack([batch_size * one, n_batched, one], axis=-1))
-        kd = k if draft_budget is None else float(draft_budget) * one
-        drf = self.draft.predict(np.stack([batch_size * one, kd, one], axis=-1))
+        fa, fb, ft, fc = self.forward.coef
+        oa, ob, oc = self.other.coef
+        da, db, dc = self.draft.coef
+        fwd = fa * n_context + fb * n_batched + ft * (k > 0) + fc
+        oth = oa * batch_size + ob * n_batched + oc
+        kd = k if draft_budget is None else float(draft_budget)
+        drf = da * batch_size + db * kd + dc + 0.0 * k
         if drafted is None:
             drf = np.where(k > 0, drf, 0.0)
         elif not drafted:
-            drf = np.zeros_like(drf)
+            drf = np.zeros_like(k)
         return StepCost(np.maximum(fwd, 0.0), np.maximum(drf, 0.0), np.maximum(oth, 0.0))
 
     def draft_time(self, batch_size: int, budget: int) -> float:
@@ -250,7 +261,7 @@ class CostModel:
         """Adds one measured step; each part refits every few samples."""
         if t.batch_size < 1 or t.n_batched < t.batch_size or t.n_context < 0 or t.budget < 0:
             raise ValueError(f"inconsistent step timing: {t}")
-        self.forward.add([t.n_context, t.n_batched, 1.0], t.forward_s)
+        self.forward.add(forward_features(t.n_context, t.n_batched, t.batch_size), t.forward_s)
         if t.budget > 0 and t.draft_s > 0:
             self.draft.add([t.batch_size, t.budget, 1.0], t.draft_s)
         self.other.add([t.batch_size, t.n_batched, 1.0], t.other_s)
@@ -280,7 +291,7 @@ class CostModel:
             raise ValueError(f"not a cost profile of version {PROFILE_VERSION}")
         try:
             parts = [
-                tuple(float(d[part][f]) for f in feats)
+                tuple(float(d[part].get(f, 0.0) if f == "tree" else d[part][f]) for f in feats)
                 for part, feats in (
                     ("forward", FORWARD_FEATURES),
                     ("draft", DRAFT_FEATURES),
@@ -317,7 +328,7 @@ class CostModel:
     def __repr__(self) -> str:
         f, d, o = self.forward.coef, self.draft.coef, self.other.coef
         return (
-            f"CostModel(forward={f[0]:.3g}·ctx + {f[1]:.3g}·tok + {f[2]:.3g}, "
+            f"CostModel(forward={f[0]:.3g}·ctx + {f[1]:.3g}·tok + {f[2]:.3g}·tree + {f[3]:.3g}, "
             f"draft={d[0]:.3g}·B + {d[1]:.3g}·k + {d[2]:.3g}, "
             f"other={o[0]:.3g}·B + {o[1]:.3g}·tok + {o[2]:.3g})"
         )

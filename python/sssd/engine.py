@@ -213,10 +213,10 @@ class Engine:
             trees = split_batch(_RootsOnly(last), last, self.vocab_size, max_depth)
         t1 = time.perf_counter()
         context_tokens = int(self.adapter.cache.lengths.sum())
-        logits = self.adapter.forward_trees([t for t, _ in trees])
+        output = self.adapter.forward_trees([t for t, _ in trees])
         t2 = time.perf_counter()
         draft_probs = getattr(batch, "draft_probs", None) if batch is not None else None
-        paths, bonus = verify_step(logits, trees, reqs, draft_probs)
+        paths, bonus = verify_step(output, trees, reqs, draft_probs)
         self.adapter.commit(paths)
         events, accepted = [], []
         for req, (tree, _), path, b in zip(reqs, trees, paths, bonus, strict=True):

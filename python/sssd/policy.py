@@ -106,7 +106,10 @@ class BudgetConfig:
     max_backoff: int = 32  # longest run of steps without calling the drafter before probing again
     slo_slack_s: float = 0.0  # ε added to the predicted step time when deciding who falls short
     slo_goodput_tolerance: float = 0.05  # expected goodput the SLO choice may give up
-    slo_via_drafter: bool = True  # SLO-first selection by the drafter (propose(slo=..., step_time=...))
+    # True: the drafter ranks SLO-first (propose(slo=..., step_time=...)). Off by default: the batch then
+    # lacks the throughput-optimal ranking, so the goodput cost of the SLO choice cannot be bounded.
+    slo_via_drafter: bool = False
+    slo_catch_up: float = 2.0  # per-step targets follow each request's TPOT so far (1 = off)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -291,8 +294,18 @@ class BudgetPolicy:
         return float(self.cost.predict(b, n_context, k, drafted=drafted).total)
 
     def _targets(self, rids) -> tuple[np.ndarray, np.ndarray]:
+        """Per-step TPOT targets [B] (inf = none) and priorities [B]. With ``slo_catch_up``, a request
+        behind its target so far (time spent > target x tokens) gets a proportionally tighter target for
+        this step and one ahead a looser one (factor clipped to [1/c, c]), so that the allocation steers
+        each request's *whole-run* TPOT rather than every step alike."""
         t = np.array([self.slo[r].tpot_s if r in self.slo else np.inf for r in rids])
         p = np.array([self.slo[r].priority if r in self.slo else 0.0 for r in rids])
+        c = self.config.slo_catch_up
+        if c > 1.0:
+            for i, r in enumerate(rids):
+                st = self._requests.get(r)
+                if np.isfinite(t[i]) and st is not None and st.tokens > 0 and st.time_s > 0:
+                    t[i] *= float(np.clip(t[i] * st.tokens / st.time_s, 1.0 / c, c))
         return t, p
 
     def _update_backoff(self, choice: BudgetChoice, b: int, n_context: int) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from sssd.costmodel import CostModel, StepSample
+from sssd.costmodel import CostModel, StepSample, forward_features
 
 
 @dataclass(frozen=True)
@@ -226,6 +226,6 @@ def fit_error(cm: CostModel, forward: Sequence[StepSample]) -> float:
     """Median relative error of the fitted forward model on its samples."""
     if not forward:
         return float("nan")
-    x = np.array([[s.n_context, s.n_batched, 1.0] for s in forward])
+    x = np.array([forward_features(s.n_context, s.n_batched, s.batch_size) for s in forward])
     y = np.array([s.forward_s for s in forward])
     return float(np.median(np.abs(cm.forward.predict(x) - y) / np.maximum(y, 1e-9)))

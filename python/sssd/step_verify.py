@@ -1,42 +1,76 @@
-"""Verify every tree of a step from the packed logits: greedy, sampling or SpecInfer per request."""
+"""Verify every tree of a step: greedy, sampling or SpecInfer per request, walking all trees at once.
+
+Only nodes on accepted paths need the LLM's distribution, so the walk asks the forward's output for
+logits one depth at a time (one output-head call per level for the whole batch, only for the node each
+request stands on). On a CPU the output head (vocab x hidden) is a large part of a small model's
+forward; computing it for ``1 + accepted`` rows instead of every draft node saves most of it.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 import numpy as np
-import torch
 
 from sssd.sampling import target_probs
-from sssd.verify import verify_greedy, verify_sampling, verify_specinfer
+from sssd.verify import child_index, children_lists, sampling_node, specinfer_node
+
+
+class _Walk:
+    __slots__ = ("bonus", "draft_probs", "index", "kids", "node", "path", "req", "start", "tree")
+
+    def __init__(self, tree: Any, kept: np.ndarray, req: Any, start: int, draft_probs: Any):
+        self.tree, self.req, self.start = tree, req, start
+        self.node, self.path, self.bonus = 0, [0], -1
+        self.draft_probs = None
+        self.kids: list[list[int]] | None = None
+        if draft_probs is not None and not req.params.greedy and len(tree.tokens) > 1:
+            self.draft_probs = np.asarray(draft_probs)[kept]  # [n, V] in the tree's node order
+            self.kids = children_lists(tree.parents)
+        self.index = child_index(tree.tokens, tree.parents) if len(tree.tokens) > 1 else {}
+
+    def decide(self, logits_row: Any, argmax: int | None) -> bool:
+        """Consume the LLM's output at the current node; True while the walk goes on."""
+        p = self.req.params
+        if p.greedy:
+            x = int(argmax)
+            nxt = self.index.get((self.node, x))
+        else:
+            probs = target_probs(logits_row[None], p)[0]
+            if self.draft_probs is not None:
+                nxt, x = specinfer_node(
+                    self.tree.tokens, self.kids[self.node], probs, self.draft_probs, self.req.rng
+                )
+            else:
+                nxt, x = sampling_node(self.index, self.node, probs, self.req.rng)
+        if nxt is None:
+            self.bonus = x
+            return False
+        self.path.append(nxt)
+        self.node = nxt
+        return True
 
 
 def verify_step(
-    logits: torch.Tensor, trees: list[tuple[Any, np.ndarray]], reqs: list[Any], draft_probs: Any = None
+    output: Any, trees: list[tuple[Any, np.ndarray]], reqs: list[Any], draft_probs: Any = None
 ) -> tuple[list[np.ndarray], list[int]]:
-    """logits: ``[N, V]`` packed in tree order; trees: ``(Tree, kept global indices)`` per request;
-    draft_probs: optional ``[N_batch, V]`` draft distributions indexed by the batch's global node ids.
+    """output: the forward's ``StepOutput`` (rows packed in tree order); trees: ``(Tree, kept global
+    indices)`` per request; draft_probs: optional ``[N_batch, V]`` draft distributions (SpecInfer).
 
     Returns the accepted path (root first) and the bonus token of every request.
     """
-    paths: list[np.ndarray] = []
-    bonus: list[int] = []
-    argmax = None
-    if any(r.params.greedy for r in reqs):
-        argmax = logits.argmax(dim=-1).cpu().numpy()
-    start = 0
-    for req, (tree, kept) in zip(reqs, trees, strict=True):
-        n = len(tree.tokens)
-        if req.params.greedy:
-            path, b = verify_greedy(tree.tokens, tree.parents, argmax[start : start + n])
-        else:
-            probs = target_probs(logits[start : start + n], req.params)
-            if draft_probs is not None and n > 1:
-                q = np.asarray(draft_probs)[kept]
-                path, b = verify_specinfer(tree.tokens, tree.parents, probs, q, req.rng)
-            else:
-                path, b = verify_sampling(tree.tokens, tree.parents, probs, req.rng)
-        paths.append(path)
-        bonus.append(b)
-        start += n
-    return paths, bonus
+    starts = np.cumsum([0] + [len(t.tokens) for t, _ in trees])
+    walks = [
+        _Walk(t, kept, r, int(s), draft_probs) for (t, kept), r, s in zip(trees, reqs, starts, strict=False)
+    ]
+    active = list(range(len(walks)))
+    while active:
+        rows = [walks[i].start + walks[i].node for i in active]
+        logits = output.logits(rows)  # [k, V]
+        argmax = logits.argmax(dim=-1).tolist() if any(walks[i].req.params.greedy for i in active) else None
+        active = [
+            i
+            for j, i in enumerate(active)
+            if walks[i].decide(logits[j], None if argmax is None else argmax[j])
+        ]
+    return [np.asarray(w.path, dtype=np.int64) for w in walks], [w.bonus for w in walks]

@@ -20,26 +20,63 @@ def children_lists(parents: np.ndarray) -> list[list[int]]:
     return kids
 
 
+def child_index(tokens: np.ndarray, parents: np.ndarray) -> dict[tuple[int, int], int]:
+    """(parent, token) → child; the first child wins if a drafter repeats a sibling token."""
+    index: dict[tuple[int, int], int] = {}
+    for v in range(len(tokens) - 1, 0, -1):
+        index[(int(parents[v]), int(tokens[v]))] = v
+    return index
+
+
+# -- one node at a time (the engine computes logits lazily, only for nodes on the accepted path) ------
+def sampling_node(
+    index: dict, node: int, probs: np.ndarray, rng: np.random.Generator
+) -> tuple[int | None, int]:
+    """Draw the LLM's token at ``node`` from ``probs`` ``[V]``: (the child carrying it or None, token)."""
+    x = sample_from(probs, rng)
+    return index.get((node, x)), x
+
+
+def specinfer_node(
+    tokens: np.ndarray,
+    kids: list[int],
+    probs: np.ndarray,
+    draft_probs: np.ndarray,
+    rng: np.random.Generator,
+) -> tuple[int | None, int]:
+    """Multi-step speculative sampling (SpecInfer) at one node with target ``probs`` ``[V]``.
+
+    ``kids``: the node's children; ``draft_probs[c]`` is the draft distribution ``q`` child ``c`` was drawn
+    from (the children of one node must be independent draws from the same ``q``). Try the children in
+    order, accept child ``x`` with probability ``min(1, p(x)/q(x))``; after a rejection
+    ``p ← normalize(max(p - q, 0))``. If every child is rejected the token is drawn from the residual ``p``.
+    Returns (accepted child or None, token).
+    """
+    p = np.array(probs, dtype=np.float64)
+    for c in kids:
+        q = np.asarray(draft_probs[c], dtype=np.float64)
+        x = int(tokens[c])
+        if (p[x] > 0) if q[x] <= 0 else (rng.random() * q[x] < p[x]):
+            return c, x
+        residual = np.maximum(p - q, 0.0)
+        total = residual.sum()
+        if total > 0:
+            p = residual / total
+    return None, sample_from(p, rng)
+
+
+# -- whole trees (references; the tests drive them with many random draws) ---------------------------
 def verify_greedy(tokens: np.ndarray, parents: np.ndarray, argmax: np.ndarray) -> tuple[np.ndarray, int]:
     """Follow the child equal to the LLM's argmax at each node; stop at the first miss.
 
     tokens, parents: ``[n]``; argmax: ``[n]`` the LLM's greedy token after each node.
     """
-    n = len(tokens)
-    path = [0]
-    if n > 1:
-        # child lookup by (parent, token); the first child wins if a drafter repeats a sibling token
-        index: dict[tuple[int, int], int] = {}
-        for v in range(n - 1, 0, -1):
-            index[(int(parents[v]), int(tokens[v]))] = v
-        node = 0
-        while True:
-            nxt = index.get((node, int(argmax[node])))
-            if nxt is None:
-                break
-            path.append(nxt)
-            node = nxt
-    return np.asarray(path, dtype=np.int64), int(argmax[path[-1]])
+    index = child_index(tokens, parents)
+    node, path = 0, [0]
+    while (nxt := index.get((node, int(argmax[node])))) is not None:
+        path.append(nxt)
+        node = nxt
+    return np.asarray(path, dtype=np.int64), int(argmax[node])
 
 
 def verify_sampling(
@@ -47,11 +84,10 @@ def verify_sampling(
 ) -> tuple[np.ndarray, int]:
     """Lossless for deterministic drafts: at each node draw the LLM's token from ``probs[node]``
     (``[n, V]``) and move to the child carrying it; the first draw no child matches is the bonus."""
-    kids = children_lists(parents)
+    index = child_index(tokens, parents)
     node, path = 0, [0]
     while True:
-        x = sample_from(probs[node], rng)
-        nxt = next((c for c in kids[node] if tokens[c] == x), None)
+        nxt, x = sampling_node(index, node, probs[node], rng)
         if nxt is None:
             return np.asarray(path, dtype=np.int64), x
         path.append(nxt)
@@ -65,31 +101,12 @@ def verify_specinfer(
     draft_probs: np.ndarray,
     rng: np.random.Generator,
 ) -> tuple[np.ndarray, int]:
-    """Multi-step speculative sampling (SpecInfer) for drafts that carry their distributions.
-
-    ``draft_probs[c]`` (``[n, V]``) is the draft distribution ``q`` that child ``c``'s token was drawn
-    from at its parent; the children of one node must be independent draws from the same ``q``. At node
-    ``u`` with target ``p``: try the children in order, accept child ``x`` with probability
-    ``min(1, p(x)/q(x))``; after a rejection ``p ← normalize(max(p - q, 0))``. If every child is rejected,
-    the bonus is drawn from the residual ``p``. The output follows the target distribution exactly.
-    """
+    """SpecInfer over a whole tree: ``probs``, ``draft_probs`` ``[n, V]`` (see ``specinfer_node``)."""
     kids = children_lists(parents)
     node, path = 0, [0]
     while True:
-        p = np.array(probs[node], dtype=np.float64)
-        accepted = None
-        for c in kids[node]:
-            q = np.asarray(draft_probs[c], dtype=np.float64)
-            x = int(tokens[c])
-            ok = p[x] > 0 if q[x] <= 0 else rng.random() * q[x] < p[x]  # accept with prob min(1, p/q)
-            if ok:
-                accepted = c
-                break
-            residual = np.maximum(p - q, 0.0)
-            total = residual.sum()
-            if total > 0:
-                p = residual / total
-        if accepted is None:
-            return np.asarray(path, dtype=np.int64), sample_from(p, rng)
-        path.append(accepted)
-        node = accepted
+        nxt, x = specinfer_node(tokens, kids[node], probs[node], draft_probs, rng)
+        if nxt is None:
+            return np.asarray(path, dtype=np.int64), x
+        path.append(nxt)
+        node = nxt

@@ -8,7 +8,6 @@ context, tree tokens); drafting time with the sssd drafter (or prompt lookup) on
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
@@ -31,6 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--refit", default=None, help="refit a saved profile's samples (no measuring); --output")
 
 
 def _ints(text: str | None, default: tuple[int, ...]) -> tuple[int, ...]:
@@ -78,11 +78,35 @@ def _contexts(pairs_path: str | None, n: int = 64):
     return [tokens[offsets[i] : offsets[i + 1]] for i in range(min(n, len(offsets) - 1))]
 
 
+def _refit(src: str, output: str) -> int:
+    """Fit a profile again from the raw samples saved in ``src`` (e.g. after a cost-model change)."""
+    import json
+
+    from sssd import profiling as prof
+    from sssd.costmodel import StepSample
+
+    path = Path(src)
+    if not path.is_file():
+        raise FileNotFoundError(f"profile {path} not found")
+    d = json.loads(path.read_text())
+    if "forward_samples" not in d:
+        raise ValueError(f"{path} has no raw samples to refit")
+    fwd = [StepSample(**s) for s in d["forward_samples"]]
+    drafting = [(s["batch_size"], s["budget"], s["seconds"]) for s in d.get("draft_samples", [])]
+    cm = prof.fit_profile(fwd, drafting, d.get("meta", {}))
+    cm.save(output, extra=prof.samples_json(fwd, drafting))
+    print(f"{cm}")
+    print(f"forward fit: median relative error {100 * prof.fit_error(cm, fwd):.1f}% on {len(fwd)} steps")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     import torch
 
     from sssd import profiling as prof
 
+    if args.refit:
+        return _refit(args.refit, args.output)
     if args.threads:
         torch.set_num_threads(args.threads)
     base = prof.ProfileGrid.quick() if args.quick else prof.ProfileGrid()
@@ -115,18 +139,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _drafter_factory(args):
-    from sssd.commands._drafters import DrafterSpec, make_drafter, open_datastore
+    if args.baseline == "prompt-lookup":
+        from sssd.baselines import PromptLookupDrafter
 
-    if args.baseline:
-        spec = DrafterSpec(baseline=args.baseline)
-    else:
-        try:
-            import sssd.drafter  # noqa: F401
-        except ImportError:
-            print("sssd drafter not built: timing prompt lookup instead", file=sys.stderr)
-            spec = DrafterSpec(baseline="prompt-lookup")
-        else:
-            sources = ("input", "datastore", "recent") if args.datastore else ("input", "recent")
-            spec = DrafterSpec(sources=sources, datastore=args.datastore)
-    ds = open_datastore(spec.datastore)
-    return lambda: make_drafter(spec, ds)
+        return PromptLookupDrafter
+    from sssd.datastore import Datastore
+    from sssd.drafter import Drafter, DrafterConfig
+
+    ds = Datastore.open(args.datastore) if args.datastore else None
+    return lambda: Drafter(datastore=ds, config=DrafterConfig())

