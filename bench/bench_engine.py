@@ -81,9 +81,15 @@ def run_engine(model, tok, ds, ps, batch, budget, new):
 
 
 def identical(a: list, b: list | None) -> str:
+    """% identical outputs and the mean length of the common prefix (tokens)."""
     if b is None:
         return "-"
-    return f"{100 * sum(x == y for x, y in zip(a, b, strict=True)) / len(a):.0f}%"
+    prefix = [
+        next((i for i, (x, y) in enumerate(zip(u, v, strict=True)) if x != y), min(len(u), len(v)))
+        for u, v in zip(a, b, strict=True)
+    ]
+    same = 100 * sum(x == y for x, y in zip(a, b, strict=True)) / len(a)
+    return f"{same:.0f}% ({np.mean(prefix):.0f})"
 
 
 def main() -> int:
@@ -109,7 +115,8 @@ def main() -> int:
         f"`{' '.join(sys.argv)}` — {len(ps)} prompts ({args.prompts} MT-Bench + {args.prompts} HumanEval), "
         f"{args.max_new_tokens} new tokens, {args.threads} thread(s)",
         "",
-        "| dtype | batch | run | tokens/s | MAL | vs HF | vs budget 0 | identical to b0 | identical to HF |",
+        "| dtype | batch | run | tokens/s | MAL | vs HF | vs budget 0 | identical to b0 (mean common prefix) "
+        "| identical to HF |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     print("\n".join(lines), flush=True)

@@ -18,8 +18,8 @@ FALLBACK_PROMPTS = [
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prompts", type=int, default=3, help="number of MT-Bench prompts (default 3)")
-    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--prompts", type=int, default=2, help="number of MT-Bench prompts (default 2)")
+    p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--budget", type=int, default=8, help="draft nodes per step (default 8)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
 
