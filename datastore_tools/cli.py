@@ -106,7 +106,8 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = make_parser().parse_args(argv)
+    # Inputs may come before, between and after options (-o x.sssd a.jsonl --glob '*.py' dir).
+    args = make_parser().parse_intermixed_args(argv)
     from sssd import DatastoreError
 
     from datastore_tools.pipeline import BuildConfig, build
