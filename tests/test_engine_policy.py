@@ -14,6 +14,7 @@ from sssd.costmodel import CostModel  # noqa: E402
 from sssd.engine import Engine, EngineConfig  # noqa: E402
 from sssd.policy import BudgetConfig, BudgetPolicy, FixedBudget  # noqa: E402
 
+from tests.fake_drafts import FakeBatch  # noqa: E402
 from tests.tiny_models import VOCAB, hf_greedy, tiny_model  # noqa: E402
 from tests.toy_drafters import OracleDrafter, RandomTreeDrafter  # noqa: E402
 
@@ -31,23 +32,10 @@ class RankedDrafter:
         return getattr(self.inner, name)
 
     def propose(self, rids, budget=64, slo=None):
-        from dataclasses import dataclass
-
         toy = self.inner.propose(rids, budget)
         n = len(toy.tokens)
         probs = np.where(toy.parents < 0, 1.0, self.rng.uniform(0.05, 0.95, n)).astype(np.float32)
-
-        @dataclass(frozen=True)
-        class Batch:
-            tokens: np.ndarray
-            parents: np.ndarray
-            probs: np.ndarray
-            depth: np.ndarray
-            offsets: np.ndarray
-            rank: np.ndarray
-            gain: np.ndarray
-
-        tmp = Batch(toy.tokens, toy.parents, probs, toy.depth, toy.offsets, np.full(n, -1), np.zeros(1))
+        tmp = FakeBatch(toy.tokens, toy.parents, probs, toy.depth, toy.offsets, np.full(n, -1), np.zeros(1))
         f = accumulated_probs(tmp)
         tree = np.repeat(np.arange(len(toy.offsets) - 1), np.diff(toy.offsets))
         glob = np.where(toy.parents >= 0, toy.parents + toy.offsets[tree], -1)
@@ -60,7 +48,7 @@ class RankedDrafter:
             chosen[v] = True
             rank[v] = r
             gain.append(gain[-1] + f[v])
-        return Batch(toy.tokens, toy.parents, probs, toy.depth, toy.offsets, rank, np.array(gain))
+        return FakeBatch(toy.tokens, toy.parents, probs, toy.depth, toy.offsets, rank, np.array(gain))
 
 
 def _cost():
