@@ -7,10 +7,14 @@ far above float32 rounding noise, which keeps "same tokens" comparisons meaningf
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
 VOCAB = 96
+# The device the engine tests run on: SSSD_TEST_DEVICE=cuda runs the lossless suite on a GPU (float32;
+# choose the attention path with SSSD_ATTENTION=sdpa|packed, see sssd.adapter).
+TEST_DEVICE = os.environ.get("SSSD_TEST_DEVICE", "cpu")
 
 
 def _config(family: str):
@@ -53,18 +57,18 @@ def _state(family: str):
 
 
 def tiny_model(family: str = "llama"):
-    """A fresh model instance (own attention setting) with the family's seeded weights."""
+    """A fresh model instance (own attention setting) with the family's seeded weights, on TEST_DEVICE."""
     import transformers as tf
 
     torch.set_num_threads(1)
     model = tf.AutoModelForCausalLM.from_config(_config(family), attn_implementation="sdpa")
     model.load_state_dict(_state(family))
-    return model.eval()
+    return model.to(TEST_DEVICE).eval()
 
 
 def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
     """Reference: transformers' own generate (sdpa attention, its own cache), greedy, no EOS stop."""
-    ids = torch.tensor([prompt])
+    ids = torch.tensor([prompt], device=model.device)
     with torch.inference_mode():
         out = model.generate(
             ids,

@@ -8,12 +8,28 @@ per-forward ``StepContext``: which cache slots the forward covers, where each ne
 keys each query may see. The model is called with ``use_cache=False`` and no attention mask, so
 transformers builds no mask and keeps no cache of its own.
 
-All requests' trees are packed into one row (``input_ids`` ``[1, N]``); inside attention the queries are
-laid out per request (``[B, H, n_max, D]``) for one fused SDPA call per layer.
+All requests' trees are packed into one row (``input_ids`` ``[1, N]``). Attention then runs one of two ways
+(``ModelAdapter(attention=...)``):
+
+- ``"sdpa"``: the queries are laid out per request (``[B, H, n_max, D]``, padded) for one fused torch SDPA
+  call per layer with a dense boolean mask over each request's rows;
+- ``"packed"``: the packed layout goes as is to :func:`sssd.cuda_ops.hf_tree_attention`, which runs the CUDA
+  tree kernel (CUDA tensors, fp16/bf16, head dim 64/128: committed rows unmasked, tree nodes through
+  128-bit ancestor masks, no padding) and otherwise the float64 reference of that kernel (slow; the
+  GPU suite's "float32 reference mode"). Trees of more than 128 nodes (long prefill chunks) use SDPA.
+- ``"emulated"`` (tests): the packed path through the host emulation of the kernel's tiling (float32).
+- ``"auto"`` (default): the backend named by the environment variable ``SSSD_ATTENTION`` if set, else
+  ``"packed"`` when the kernel can run the model (built extension, CUDA device, fp16/bf16 weights, head
+  dim 64 or 128), else ``"sdpa"``.
+
+Both paths first write the step's K/V into the cache rows after each request's committed rows (the
+scratch tail); ``commit`` then gathers the accepted nodes into place for all layers at once.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +40,8 @@ from sssd.attention import ancestor_mask, is_chain, tree_attention
 from sssd.kv_cache import CacheShape, KVCache, StepWrites
 
 ATTENTION_NAME = "sssd_tree"
+ATTENTION_BACKENDS = ("auto", "sdpa", "packed", "emulated")
+PACKED_MAX_NODES = 128  # the CUDA kernel's limit per tree (two 64-bit mask words)
 
 
 @dataclass
@@ -41,6 +59,9 @@ class StepContext:
     unpad: torch.Tensor | None  # int64 [N]: padded index of each packed node
     calls: list[int] = field(default_factory=list)  # layer ids seen (only filled by the probe)
     record: bool = False
+    # packed path: the step's PackedTrees and the function that attends over them (None = SDPA path)
+    packed: Any = None
+    packed_attention: Any = None
 
 
 def sssd_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -63,6 +84,13 @@ def sssd_attention(module, query, key, value, attention_mask, scaling=None, drop
     if ctx.record:
         ctx.calls.append(layer)
     ctx.cache.write(layer, key, value, ctx.writes)
+    scale = module.scaling if scaling is None else scaling
+    if ctx.packed is not None:  # committed rows from the cache, tree K/V straight from this forward
+        cache = ctx.cache
+        out = ctx.packed_attention(
+            query, key, value, cache.keys[layer], cache.values[layer], ctx.packed, scale=scale
+        )
+        return out, None
     k, v = ctx.cache.view(layer, ctx.slot_start, ctx.slot_stop, ctx.rows)
     b = ctx.slot_stop - ctx.slot_start
     h, d = query.shape[1], query.shape[3]
@@ -70,7 +98,6 @@ def sssd_attention(module, query, key, value, attention_mask, scaling=None, drop
     if ctx.pad_src is not None:
         q = q.index_select(1, ctx.pad_src)
     q = q.reshape(h, b, ctx.n_max, d).transpose(0, 1)
-    scale = module.scaling if scaling is None else scaling
     out = tree_attention(q, k, v, ctx.visible, scale)  # [B, H, n_max, D]
     out = out.transpose(1, 2).reshape(b * ctx.n_max, h, d)
     if ctx.unpad is not None:
@@ -112,6 +139,29 @@ class Tree:
     depth: np.ndarray  # [n] root = 0
 
 
+def packed_ancestor_masks(trees: list[Tree], offsets: np.ndarray) -> np.ndarray:
+    """uint64 ``[N, 2]`` masks of a packed batch (the CUDA kernel's format): bit ``j`` of node ``a`` of a
+    tree is set when node ``j`` is ``a`` or one of its ancestors. Built one depth level at a time."""
+    parents = np.concatenate([t.parents for t in trees]).astype(np.int64)
+    depth = np.concatenate([t.depth for t in trees]).astype(np.int64)
+    local = np.concatenate([np.arange(len(t.tokens)) for t in trees])
+    if local.max() >= PACKED_MAX_NODES:
+        raise ValueError(f"packed masks hold trees of at most {PACKED_MAX_NODES} nodes")
+    owner = np.repeat(offsets[:-1], np.diff(offsets))
+    root = parents < 0
+    if not (np.array_equal(root, local == 0) and (parents < local).all()):
+        raise ValueError("tree parents must be topological with the root (and only it) at node 0")
+    glob = np.where(root, 0, owner + parents)
+    if not (depth[root] == 0).all() or not (depth[~root] == depth[glob[~root]] + 1).all():
+        raise ValueError("tree depths must be 0 at the root and the parent's depth + 1 elsewhere")
+    masks = np.zeros((len(parents), 2), dtype=np.uint64)
+    masks[np.arange(len(parents)), local // 64] = np.left_shift(np.uint64(1), (local % 64).astype(np.uint64))
+    for d in range(1, int(depth.max()) + 1):
+        level = np.nonzero(depth == d)[0]
+        masks[level] |= masks[glob[level]]
+    return masks
+
+
 class ModelAdapter:
     """A causal LM switched to tree attention, with its KV cache.
 
@@ -119,8 +169,12 @@ class ModelAdapter:
     ``prefill(slot, tokens)`` appends a prompt's K/V to a slot in chunks.
     """
 
-    def __init__(self, model: Any, *, prefill_chunk: int = 512, initial_capacity: int = 256):
+    def __init__(
+        self, model: Any, *, prefill_chunk: int = 512, initial_capacity: int = 256, attention: str = "auto"
+    ):
         cls = type(model).__name__
+        if attention not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention must be one of {ATTENTION_BACKENDS}, got {attention!r}")
         config = getattr(model, "config", None)
         if config is None or not hasattr(model, "set_attn_implementation"):
             raise ValueError(
@@ -155,7 +209,31 @@ class ModelAdapter:
         shape = CacheShape(self.num_layers, kv_heads, head_dim, param.dtype, param.device)
         self.device = param.device
         self.cache = KVCache(shape, capacity=initial_capacity, max_capacity=self.max_positions + 1)
+        self.attention = self._resolve_attention(attention, shape)
         self._probe()
+
+    @staticmethod
+    def _resolve_attention(attention: str, shape: CacheShape) -> str:
+        from sssd import cuda_ops
+
+        fits = cuda_ops.kernel_can_run(shape.device, shape.dtype, shape.head_dim)
+        if attention == "auto":
+            forced = os.environ.get("SSSD_ATTENTION", "auto")
+            if forced not in ATTENTION_BACKENDS:
+                raise ValueError(f"SSSD_ATTENTION must be one of {ATTENTION_BACKENDS}, got {forced!r}")
+            attention = forced
+        if attention == "auto":
+            return "packed" if fits else "sdpa"
+        if attention == "packed" and shape.device.type == "cuda" and not fits:
+            # allowed (the float64 reference serves it) but worth knowing: it is slow
+            import warnings
+
+            warnings.warn(
+                f"attention='packed' on {shape.device} with {shape.dtype}, head dim {shape.head_dim}: the "
+                "CUDA kernel cannot run this (or sssd was built without it); using its float64 reference",
+                stacklevel=3,
+            )
+        return attention
 
     # -- forward passes -------------------------------------------------------------------------------
     def _run(self, ids: np.ndarray, pos: np.ndarray, ctx: StepContext, mode: str) -> torch.Tensor | None:
@@ -226,6 +304,8 @@ class ModelAdapter:
             slot_index = np.repeat(np.arange(slot_start, slot_start + b), sizes)
             row_index = np.concatenate([c + np.arange(n) for c, n in zip(committed, sizes, strict=True)])
             writes = StepWrites(torch.from_numpy(slot_index).to(dev), torch.from_numpy(row_index).to(dev))
+        if self.attention != "sdpa" and n_max <= PACKED_MAX_NODES:
+            return self._packed_context(slot_start, trees, sizes, committed, rows, writes)
         visible = None
         if not (b == 1 and n_max == 1):
             vis = np.zeros((b, n_max, rows), dtype=bool)
@@ -246,6 +326,23 @@ class ModelAdapter:
                 np.concatenate([i * n_max + np.arange(n) for i, n in enumerate(sizes)])
             ).to(dev)
         return StepContext(cache, slot_start, slot_start + b, rows, n_max, writes, visible, pad_src, unpad)
+
+    def _packed_context(self, slot_start, trees, sizes, committed, rows, writes) -> StepContext:
+        from sssd import cuda_ops
+
+        offsets = np.zeros(len(trees) + 1, dtype=np.int64)
+        np.cumsum(sizes, out=offsets[1:])
+        slots = np.arange(slot_start, slot_start + len(trees))
+        masks = packed_ancestor_masks(trees, offsets)
+        packed = cuda_ops.PackedTrees.from_numpy(offsets, committed, slots, masks, self.device)
+        if self.attention == "emulated":
+            fn = functools.partial(cuda_ops.hf_tree_attention, emulate=True)
+        else:
+            fn = cuda_ops.hf_tree_attention
+        return StepContext(
+            self.cache, slot_start, slot_start + len(trees), rows, int(sizes.max()), writes,
+            None, None, None, packed=packed, packed_attention=fn,
+        )  # fmt: skip
 
     def forward_trees(self, trees: list[Tree]) -> StepOutput:
         """Score the trees of slots ``0..B-1`` (nodes written to their scratch rows). The result gives

@@ -233,6 +233,19 @@ def tree_attention(
     return out
 
 
+def kernel_can_run(device, dtype, head_dim: int) -> bool:
+    """Whether the kernel can serve a model on ``device`` with weights of ``dtype`` and this head dim: the
+    extension is built, a device is visible, CUDA, fp16/bf16, head dim 64 or 128."""
+    torch = _torch()
+    return (
+        _cuda is not None
+        and torch.device(device).type == "cuda"
+        and dtype in (torch.float16, torch.bfloat16)
+        and int(head_dim) in (64, 128)
+        and cuda_available()
+    )
+
+
 def kernel_supports(q, k_tree) -> bool:
     """Whether :func:`tree_attention` can run these tensors (built extension, CUDA, fp16/bf16, D 64/128)."""
     torch = _torch()
@@ -256,17 +269,23 @@ def dispatch_tree_attention(q, k_tree, v_tree, k_cache, v_cache, trees: PackedTr
     return ref.to(q.dtype)
 
 
-def hf_tree_attention(query, key, value, k_cache, v_cache, trees: PackedTrees, *, scale=None):
+def hf_tree_attention(
+    query, key, value, k_cache, v_cache, trees: PackedTrees, *, scale=None, emulate: bool = False
+):
     """Tree attention in the shapes of a ``transformers`` attention function over the engine's cache layer.
 
     query ``[1, Hq, N, D]`` and key/value ``[1, Hkv, N, D]`` are the packed step (tree 0's nodes first);
     k_cache/v_cache ``[slots, Hkv, rows, D]`` hold the committed rows (``trees.ctx_lens``) of slots
     ``trees.slots``. Returns ``[1, N, Hq, D]`` (what the attention function returns). The kernel runs
     when :func:`kernel_supports` allows it, else the float64 reference; every view is zero-copy.
+    ``emulate=True`` runs the kernel's host emulation instead (float32 on the CPU; for tests).
     """
     q = query[0].transpose(0, 1)
     k_tree, v_tree = key[0].transpose(0, 1), value[0].transpose(0, 1)
     kc, vc = k_cache.transpose(1, 2), v_cache.transpose(1, 2)  # [slots, rows, Hkv, D] views
+    if emulate:
+        out = tree_attention_emulated(q, k_tree, v_tree, kc, vc, trees, scale=scale)
+        return out.to(q.device, q.dtype).unsqueeze(0)
     return dispatch_tree_attention(q, k_tree, v_tree, kc, vc, trees, scale=scale).unsqueeze(0)
 
 
@@ -403,6 +422,7 @@ __all__ = [
     "dispatch_tree_attention",
     "has_cuda",
     "hf_tree_attention",
+    "kernel_can_run",
     "kernel_supports",
     "kv_append",
     "kv_commit",

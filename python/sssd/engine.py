@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from sssd.adapter import ModelAdapter
+from sssd.adapter import ATTENTION_BACKENDS, ModelAdapter
 from sssd.draft_trees import split_batch
 from sssd.policy import FixedBudget, StepTiming, StepView
 from sssd.requests import GenerationResult, Request, StreamEvent, as_prompt_ids
@@ -53,6 +53,10 @@ class EngineConfig:
     # "fixed" (FixedBudget(budget, per_request_budget)). per_request_budget implies "fixed".
     budget_mode: str = "adaptive"
     cost_profile: str | None = None  # JSON written by `sssd profile`
+    # attention of the verification forward: "auto" (the CUDA tree kernel when it can run the model, else
+    # torch SDPA), "sdpa", "packed" (kernel, or its float64 reference where it cannot run) or "emulated"
+    # (the kernel's host emulation; tests). See sssd.adapter.
+    attention: str = "auto"
 
     def __post_init__(self) -> None:
         for name in ("budget", "max_batch_size", "prefill_chunk", "initial_cache_rows"):
@@ -63,6 +67,10 @@ class EngineConfig:
         if self.budget_mode not in ("adaptive", "fixed"):
             raise ValueError(
                 f"EngineConfig.budget_mode must be 'adaptive' or 'fixed', got {self.budget_mode!r}"
+            )
+        if self.attention not in ATTENTION_BACKENDS:
+            raise ValueError(
+                f"EngineConfig.attention must be one of {ATTENTION_BACKENDS}, got {self.attention!r}"
             )
         if self.policy is not None and not (hasattr(self.policy, "plan") and hasattr(self.policy, "observe")):
             raise TypeError("EngineConfig.policy must have plan(view) and observe(timing) methods")
@@ -90,7 +98,10 @@ class Engine:
         if not isinstance(self.config, EngineConfig):
             raise TypeError(f"config must be an EngineConfig, got {type(self.config).__name__}")
         self.adapter = ModelAdapter(
-            model, prefill_chunk=self.config.prefill_chunk, initial_capacity=self.config.initial_cache_rows
+            model,
+            prefill_chunk=self.config.prefill_chunk,
+            initial_capacity=self.config.initial_cache_rows,
+            attention=self.config.attention,
         )
         self.model, self.tokenizer, self.drafter = model, tokenizer, drafter
         self.vocab_size = self.adapter.vocab_size
