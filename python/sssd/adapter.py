@@ -356,6 +356,11 @@ class ModelAdapter:
             return StepOutput(self._run(ids, pos, ctx, "hidden"), self._head)
         return StepOutput(self._run(ids, pos, ctx, "logits"), None)
 
+    def synchronize(self) -> None:
+        """Wait for the device's queued work (CUDA); a no-op on the CPU."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
     def prefill(self, slot: int, tokens: np.ndarray) -> None:
         """Append ``tokens`` (committed context) to ``slot``'s rows, ``prefill_chunk`` tokens per forward."""
         tokens = np.asarray(tokens, dtype=np.int64)

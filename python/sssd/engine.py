@@ -225,6 +225,7 @@ class Engine:
         t1 = time.perf_counter()
         context_tokens = int(self.adapter.cache.lengths.sum())
         output = self.adapter.forward_trees([t for t, _ in trees])
+        self.adapter.synchronize()  # GPU: the forward's time, not its launch time (verify waits anyway)
         t2 = time.perf_counter()
         draft_probs = getattr(batch, "draft_probs", None) if batch is not None else None
         paths, bonus = verify_step(output, trees, reqs, draft_probs)

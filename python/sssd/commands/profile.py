@@ -29,6 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--budgets", default=None, help="comma list of tree tokens per step (default 0,8,16,32,64)"
     )
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--device", default="auto", help="auto (a GPU when torch sees one), cpu, cuda, ...")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--refit", default=None, help="refit a saved profile's samples (no measuring); --output")
 
@@ -43,24 +45,6 @@ def _ints(text: str | None, default: tuple[int, ...]) -> tuple[int, ...]:
     if not vals or min(vals) < 0:
         raise ValueError(f"expected non-negative ints, got {text!r}")
     return vals
-
-
-def load_model(spec: str | None):
-    """A float32 causal LM from a directory or a .gguf file (converted once and cached)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from sssd.models import ensure_hf_model
-
-    path = Path(spec) if spec else ensure_hf_model()
-    if not path.exists():
-        raise FileNotFoundError(f"model not found: {path}")
-    if path.is_file():
-        if path.suffix != ".gguf":
-            raise ValueError(f"--model takes a model directory or a .gguf file, got {path}")
-        path = ensure_hf_model(path)
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
-    return model.eval(), path.name
 
 
 def _contexts(pairs_path: str | None, n: int = 64):
@@ -121,7 +105,10 @@ def run(args: argparse.Namespace) -> int:
     )
     if min(grid.batch_sizes) < 1 or min(grid.contexts) < 2:
         raise ValueError("batch sizes must be >= 1 and contexts >= 2 tokens")
-    model, name = load_model(args.model)
+    from sssd.model_loading import load_model
+
+    model, _, path = load_model(args.model, args.dtype, args.device)
+    name = f"{path.name} ({args.dtype}, {model.device})"
     say = lambda msg: print(msg, flush=True)  # noqa: E731
     t0 = time.perf_counter()
     with torch.inference_mode():
