@@ -157,10 +157,9 @@ class CalibrationTable:
             raise ValueError(f"malformed calibration table: {e}") from None
 
     def save(self, path: PathLike) -> None:
-        tmp = f"{os.fspath(path)}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(self.to_json(), f)
-        os.replace(tmp, path)
+        from sssd.fileio import write_text_atomic
+
+        write_text_atomic(path, json.dumps(self.to_json()))
 
     @classmethod
     def load(cls, path: PathLike) -> CalibrationTable:

@@ -309,10 +309,9 @@ class CostModel:
         d = self.to_dict()
         if extra:
             d.update(extra)
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(d, indent=2) + "\n")
-        tmp.replace(path)
+        from sssd.fileio import write_text_atomic
+
+        write_text_atomic(path, json.dumps(d, indent=2) + "\n")
 
     @classmethod
     def load(cls, path: str | os.PathLike, **kw) -> CostModel:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from typing import Any
@@ -171,30 +170,17 @@ def run(args: argparse.Namespace) -> int:
     if args.budget > 0:
         _compare(model, tokenizer, prompts, results, engine, args)
     if args.output:
-        rows = [
-            {
-                "id": it["id"],
-                "text": it["text"],
-                "prompt_ids": it["ids"],
-                "output_ids": r.tokens,
-                "finished": r.finish_reason in ("eos", "stop"),
-            }
+        from sssd.pairs import Pair, save_pairs
+
+        pairs = [
+            Pair.make(
+                it["ids"],
+                r.tokens,
+                id=str(it["id"]),
+                extra={"text": it["text"], "finished": r.finish_reason in ("eos", "stop")},
+            )
             for it, r in zip(items, results, strict=True)
         ]
-        _write_atomic(args.output, "".join(json.dumps(row) + "\n" for row in rows))
+        save_pairs(pairs, args.output)
         print(f"wrote {len(results)} pairs to {args.output}", file=sys.stderr)
     return 0
-
-
-def _write_atomic(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in the same folder (no half-written file)."""
-    import os
-
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)

@@ -124,8 +124,9 @@ def run(args: argparse.Namespace) -> int:
             "batch_size": args.batch_size,
             "results": [{"drafter": spec.label(), **result_to_json(r)} for spec, r in results],
         }
-        with open(args.json_out, "w", encoding="utf-8") as f:
-            json.dump(doc, f, indent=1)
+        from sssd.fileio import write_text_atomic
+
+        write_text_atomic(args.json_out, json.dumps(doc, indent=1))
     return 0
 
 
