@@ -140,3 +140,18 @@ def test_each_node_logits_equal_plain_decoding_of_its_path(family, lazy):
             ids = p + [int(t.tokens[u]) for u in reversed(path) if u != 0]
             torch.testing.assert_close(logits[row + v], _plain_logits(ref_model, ids), rtol=1e-4, atol=1e-4)
         row += len(t.tokens)
+
+
+def test_cache_growth_keeps_rows_and_caps_doubling_but_not_scratch():
+    """max_capacity caps the doubling only: a step's scratch tail may need rows past it (a big tree
+    near the end of the model's context), and growing keeps every committed row."""
+    shape = CacheShape(1, 1, 2, torch.float32, torch.device("cpu"))
+    cache = KVCache(shape, capacity=4, max_capacity=6)
+    cache.add()
+    cache.lengths[:] = [3]
+    cache.keys[0, 0, 0, :3] = torch.tensor([[1.0, 2], [3, 4], [5, 6]])
+    cache.reserve(5)
+    assert cache.capacity == 6  # doubling to 8 capped at 6
+    cache.reserve(40)
+    assert cache.capacity == 40
+    assert cache.keys[0, 0, 0, :3].tolist() == [[1.0, 2], [3, 4], [5, 6]]
