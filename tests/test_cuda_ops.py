@@ -208,6 +208,32 @@ def test_ops_reject_misuse_without_touching_a_device():
         cuda_ops.kv_append(t["k_tree"], t["v_tree"], t["k_tree"].clone(), t["v_tree"].clone())
 
 
+def test_kv_commit_refuses_scratch_inside_the_cache():
+    """Moving rows in place (scratch = a view of the cache, as in the engine's layout) would race."""
+    if not cuda_ops.has_cuda():
+        pytest.skip("built without the CUDA extension")
+    cache = torch.zeros(2, 16, 2, 64, dtype=torch.float16)
+    k_tree, v_tree = cache[0, 4:10], cache[1, 4:10]  # scratch rows of slot 0 (K) / 1 (V)
+    plan = CommitPlan.for_paths([[0, 2, 5]], offsets=[0, 6], ctx_lens=[4], slots=[0])
+    with pytest.raises(ValueError, match="share memory"):
+        cuda_ops.kv_commit(k_tree, v_tree, cache, cache.clone(), plan)
+    # separate tensors pass this check (and then fail on the device check here)
+    with pytest.raises(ValueError, match="CUDA tensors"):
+        cuda_ops.kv_commit(k_tree.clone(), v_tree.clone(), cache.clone(), cache.clone(), plan)
+
+
+def test_architecture_support_rules():
+    supported = cuda_ops.architecture_supported
+    assert supported((8, 0), (80, 90)) and supported((9, 0), (80, 90)) and supported((8, 9), (80, 90))
+    assert supported((10, 0), (80, 90))  # newer devices JIT the PTX
+    assert not supported((7, 5), (80, 90))  # no bf16 WMMA / cp.async
+    assert not supported((8, 0), (90,))  # sm_90 code does not run on sm_80
+    assert not supported((9, 0), ())
+    if cuda_ops.has_cuda():  # what this build was compiled for (CMake's SSSD_CUDA_ARCHITECTURES)
+        built = cuda_ops.built_architectures()
+        assert built and all(a >= 80 for a in built)
+
+
 def test_commit_plan_and_reference():
     k_tree = torch.arange(6 * 2 * 8, dtype=torch.float32).reshape(6, 2, 8)
     v_tree = -k_tree

@@ -194,8 +194,8 @@ def tree_attention(
         _check_tensor(name, t, 1, (dt,), q.device)
     _check_tensor("slots", trees.slots, 1, (torch.int32,), q.device)
     _check_tensor("masks", trees.masks, 2, (torch.int64,), q.device)
-    if out is None:
-        out = torch.empty_like(q)
+    if out is None:  # token-major, so [N, Hq, D] -> [1, N, Hq * D] is a view for the caller
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     else:
         _check_tensor("out", out, 3, (q.dtype,), q.device)
         if out.shape != q.shape:
@@ -233,9 +233,30 @@ def tree_attention(
     return out
 
 
+def built_architectures() -> tuple[int, ...]:
+    """The SM architectures the extension was compiled for (e.g. (80, 90)); empty without it."""
+    if _cuda is None:
+        return ()
+    return tuple(int("".join(c for c in a if c.isdigit())) for a in str(_cuda.architectures).split(","))
+
+
+def architecture_supported(capability: tuple[int, int], built: tuple[int, ...] | None = None) -> bool:
+    """Whether a device of compute ``capability`` (major, minor) can run the kernels: sm_80 or newer (bf16
+    WMMA, cp.async) and not older than the oldest architecture built (newer devices JIT its PTX)."""
+    built = built_architectures() if built is None else built
+    cc = 10 * int(capability[0]) + int(capability[1])
+    return cc >= 80 and bool(built) and cc >= min(built)
+
+
+def _device_supported(device) -> bool:
+    torch = _torch()
+    return architecture_supported(torch.cuda.get_device_capability(device))
+
+
 def kernel_can_run(device, dtype, head_dim: int) -> bool:
     """Whether the kernel can serve a model on ``device`` with weights of ``dtype`` and this head dim: the
-    extension is built, a device is visible, CUDA, fp16/bf16, head dim 64 or 128."""
+    extension is built, a device is visible, CUDA, fp16/bf16, head dim 64 or 128, and the device's
+    architecture is supported (:func:`architecture_supported`)."""
     torch = _torch()
     return (
         _cuda is not None
@@ -243,6 +264,7 @@ def kernel_can_run(device, dtype, head_dim: int) -> bool:
         and dtype in (torch.float16, torch.bfloat16)
         and int(head_dim) in (64, 128)
         and cuda_available()
+        and _device_supported(torch.device(device))
     )
 
 
@@ -257,6 +279,7 @@ def kernel_supports(q, k_tree) -> bool:
         and q.shape[-1] in (64, 128)
         and q.stride(-1) == 1
         and all(s % 8 == 0 for s in q.stride()[:2])
+        and _device_supported(q.device)
     )
 
 
@@ -349,11 +372,32 @@ def _check_kv_pair(name: str, k, v, ndim: int, device=None):
         raise ValueError(f"k_{name} and v_{name} must have the same shape and strides")
 
 
+def _span(t) -> tuple[int, int]:
+    """Byte range [start, end) that tensor ``t`` can touch (from its strides)."""
+    start = t.data_ptr()
+    last = sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True) if n > 0)
+    return start, start + (last + 1) * t.element_size()
+
+
+def _overlap(a, b) -> bool:
+    if a.numel() == 0 or b.numel() == 0:
+        return False
+    (a0, a1), (b0, b1) = _span(a), _span(b)
+    return a0 < b1 and b0 < a1
+
+
 def kv_commit(k_tree, v_tree, k_cache, v_cache, plan: CommitPlan) -> None:
     """Gather committed scratch rows ([N, Hkv, D]) into cache rows ([S, R, Hkv, D]), K and V, in place."""
     torch = _torch()
     _require_ext("kv_commit")
     _check_kv_pair("tree", k_tree, v_tree, 3)
+    for src in (k_tree, v_tree):
+        for dst in (k_cache, v_cache):
+            if _overlap(src, dst):
+                raise ValueError(
+                    "kv_commit: the scratch rows and the cache share memory; rows moved in place could be "
+                    "overwritten before they are read (gather the scratch rows into a new tensor first)"
+                )
     if k_tree.device.type != "cuda":
         raise ValueError(f"kv_commit needs CUDA tensors, k_tree is on {k_tree.device}")
     _check_kv_pair("cache", k_cache, v_cache, 4, k_tree.device)
@@ -418,6 +462,8 @@ __all__ = [
     "CommitPlan",
     "PackedTrees",
     "ancestor_masks",
+    "architecture_supported",
+    "built_architectures",
     "cuda_available",
     "dispatch_tree_attention",
     "has_cuda",
