@@ -150,6 +150,7 @@ def main(argv=None) -> int:
     p.add_argument("--model", default=None, help="real mode: model dir or .gguf (default SmolLM2-135M)")
     p.add_argument("--out", default=None, help="results JSON (default bench/results/serve_<mode>.json)")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--plots", choices=("all", "slo"), default="all", help="slo: only serve_<mode>_slo.png")
     args = p.parse_args(argv)
     bad = [x for x in args.policies if x not in POLICIES and x not in EXTRA_POLICIES]
     if bad:
@@ -167,7 +168,7 @@ def main(argv=None) -> int:
     if not args.no_plots:
         from serve_plots import plot_all
 
-        for f in plot_all(rows, RESULTS, args.mode):
+        for f in plot_all(rows, RESULTS, args.mode, args.plots):
             print(f"wrote {f}")
     return 0
 

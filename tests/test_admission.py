@@ -17,6 +17,7 @@ def fixed_cost():
 
 def running_policy(target=None, steps=10, **config):
     """A policy whose batch is request 0 after ``steps`` plain steps of 0.6 s, one token each."""
+    config.setdefault("slo_admit_margin", 1.0)  # the hand-checked numbers below are exact targets
     policy = BudgetPolicy(BudgetConfig(budget=0, **config), fixed_cost())
     if target is not None:
         policy.set_slo(0, target, priority=1.0)
@@ -57,7 +58,7 @@ def test_relaxed_request_waits_while_it_would_push_a_tight_one_over():
 
 def test_a_request_that_misses_anyway_is_not_protected():
     # 10 tokens took 20 s: even alone (0.6 s per token from now) its TPOT is (20 + 6) / 20 = 1.3 s > 1 s
-    policy = BudgetPolicy(BudgetConfig(budget=0), fixed_cost())
+    policy = BudgetPolicy(BudgetConfig(budget=0, slo_admit_margin=1.0), fixed_cost())
     policy.set_slo(0, 1.0, priority=1.0)
     for _ in range(10):
         policy.plan(StepView([0], [10], [10], [None]))
@@ -113,3 +114,11 @@ def test_expected_remaining_from_finished_lengths():
     got = policy._expected_remaining(np.array([0, 5]), [100, 100])
     np.testing.assert_allclose(got, [12.0, 100.0])  # mean of 4,4,4,4,20,20,20,20; too few past 5
     np.testing.assert_allclose(policy._expected_remaining(np.array([0]), [10]), [7.0])  # capped at 10
+
+
+@pytest.mark.parametrize(("tolerance", "want"), [(1.0, []), (0.5, []), (0.3, [1])])
+def test_admit_tolerance_bounds_the_batch_held_back(tolerance, want):
+    # requests per second of step time: 1 / 0.6 = 1.67 alone, 2 / 0.7 = 2.86 with request 1. Within 50%
+    # the batch of one may be held; within 30% it may not (1.67 < 0.7 · 2.86), so 1 joins anyway.
+    policy = running_policy(target=0.6, slo_admit_margin=1.0, slo_admit_tolerance=tolerance)
+    assert policy.admit(admit_view()) == want

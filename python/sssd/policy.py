@@ -131,7 +131,7 @@ class BudgetConfig:
     # SLO-aware admission (``admit``; only when some request has a target): higher priority first, and a
     # request waits while admitting it would push a running request with a target over it.
     slo_admission: bool = True
-    slo_admit_margin: float = 1.0  # scales the targets in the admission test (< 1: safety margin)
+    slo_admit_margin: float = 0.95  # scales the targets in the admission test (< 1: safety margin)
     slo_admit_hold: bool = True  # a request with a target also waits while it could not meet it
     slo_admit_tolerance: float = 1.0  # never hold the batch where its throughput is this far below full
     slo_max_defer: int = 256  # admission calls a request may be held back before it is admitted anyway
@@ -146,6 +146,8 @@ class BudgetConfig:
             raise ValueError("max_per_request must be >= 0 or None")
         if not 0.0 <= self.slo_goodput_tolerance < 1.0:
             raise ValueError("slo_goodput_tolerance must be in [0, 1)")
+        if not (self.slo_admit_margin > 0 and 0.0 <= self.slo_admit_tolerance and self.slo_max_defer >= 0):
+            raise ValueError("slo_admit_margin must be > 0, slo_admit_tolerance and slo_max_defer >= 0")
 
 
 @dataclass(frozen=True)
