@@ -57,6 +57,20 @@ def admission_order(priority: list[float]) -> list[int]:
     return sorted(range(len(priority)), key=lambda i: (-priority[i], i))
 
 
+def expected_remaining(tokens, limit, finished_lengths, min_samples: int = 8) -> np.ndarray:
+    """[n] expected tokens still to come of requests with ``tokens`` [n] so far and at most ``limit`` [n]
+    more: the mean residual length of the finished requests (``finished_lengths``, output tokens) that got
+    past ``tokens``, or the limit itself while fewer than ``min_samples`` of them did."""
+    tokens = np.asarray(tokens, dtype=np.float64)
+    out = np.asarray(limit, dtype=np.float64).copy()
+    done = np.asarray(finished_lengths, dtype=np.float64)
+    for i, (n, m) in enumerate(zip(tokens, out.copy(), strict=True)):
+        longer = done[done > n]
+        if len(longer) >= min_samples:
+            out[i] = min(float(np.minimum(longer, n + m).mean() - n), m)
+    return out
+
+
 def marginal_step_s(cost: CostModel, batch: int, n_context: int, nodes: float, ctx: int, k: float) -> float:
     """Predicted extra step time of one more request with ``ctx`` committed tokens and ``k`` draft nodes,
     added to a step of ``batch`` requests, ``n_context`` tokens and ``nodes`` draft nodes."""

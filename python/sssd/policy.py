@@ -9,11 +9,14 @@ saved too) and probes again with exponential back-off.
 With TPOT targets (``set_slo``), among the budgets whose expected goodput is within
 ``slo_goodput_tolerance`` of the best, it picks the one that is predicted to meet the most (priority-
 weighted) targets, with nodes re-ranked so that requests falling short of their target get them first.
+It also decides who joins the batch (``admit``): FIFO without targets; with them, higher priority first,
+and a request waits while admitting it would push a running request over its target (``sssd.admission``).
 
 The engine's hook (any object with these methods works; see ``sssd.engine``): ``plan(view: StepView)``
 returns the step's budget (a global int or one per request; 0 = plain decoding), an optional
-``select(view, batch)`` truncates the proposed batch, and ``observe(timing: StepTiming)`` gets the
-measured step. ``FixedBudget`` is the minimal policy; ``BudgetPolicy`` the adaptive one (the default).
+``select(view, batch)`` truncates the proposed batch, an optional ``admit(view: AdmitView)`` picks the
+waiting requests that join, and ``observe(timing: StepTiming)`` gets the measured step. ``FixedBudget``
+is the minimal policy; ``BudgetPolicy`` the adaptive one (the default).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Protocol
 
 import numpy as np
 
-from sssd.admission import Candidate, RunningState, admit_with_slo
+from sssd.admission import Candidate, RunningState, admit_with_slo, expected_remaining
 from sssd.budget import (
     BudgetChoice,
     accumulated_probs,
@@ -281,18 +284,8 @@ class BudgetPolicy:
         return chosen
 
     def _expected_remaining(self, tokens, limit) -> np.ndarray:
-        """[n] expected tokens still to come of requests with ``tokens`` so far and at most ``limit`` more:
-        the mean residual length of the finished requests that got past ``tokens`` (the limit itself
-        until ``length_samples`` of them have finished)."""
-        tokens = np.asarray(tokens, dtype=np.float64)
-        limit = np.asarray(limit, dtype=np.float64)
-        done = np.array([k for _, k, _ in list(self._finished.values())[-512:]], dtype=np.float64)
-        out = limit.copy()
-        for i, (n, m) in enumerate(zip(tokens, limit, strict=True)):
-            longer = done[done > n]
-            if len(longer) >= self.config.length_samples:
-                out[i] = min(float(np.minimum(longer, n + m).mean() - n), m)
-        return out
+        lengths = [k for _, k, _ in list(self._finished.values())[-512:]]
+        return expected_remaining(tokens, limit, lengths, self.config.length_samples)
 
     # -- the engine hook ------------------------------------------------------------------------------
     def plan(self, view) -> int:
