@@ -188,7 +188,10 @@ class Engine:
                 self.drafter.add_request(req.rid, req.prompt.astype(np.int32))
             req.stats.prefill_time = time.perf_counter() - t0
             self.stats.prefill_time += req.stats.prefill_time
-        return time.perf_counter() - t_start if chosen else 0.0
+        if not chosen:
+            return 0.0
+        self.adapter.synchronize()  # GPU: the prefills' time, not their launch time
+        return time.perf_counter() - t_start
 
     def _admission(self, free: int) -> list[Request]:
         waiting = list(self._waiting)
