@@ -41,7 +41,12 @@ COLUMNS = (
 def make_policy(name: str, cost: CostModel) -> tuple[BudgetPolicy, bool]:
     mode, budget, slo = {**POLICIES, **EXTRA_POLICIES}[name]
     fresh = CostModel.from_dict(cost.to_dict())  # each run learns online from the same seed
-    cfg = BudgetConfig(mode=mode, budget=budget, slo_via_drafter=name.endswith("-drafter"))
+    cfg = BudgetConfig(
+        mode=mode,
+        budget=budget,
+        slo_via_drafter=name.endswith("-drafter"),
+        slo_admission=not name.endswith("-noadmit"),
+    )
     return BudgetPolicy(cfg, fresh), slo
 
 
@@ -97,9 +102,9 @@ def run_sim(args) -> list[dict]:
     print(f"sim: {len(pairs)} pairs, drafter {dname}, profile {args.profile}: {cost}")
     print(f"TPOT targets: tight {tight * 1e3:.1f} ms, relaxed {relaxed * 1e3:.1f} ms")
     rows = []
-    for rate in args.rates:
+    for rate, seed in [(r, s) for r in args.rates for s in args.seeds or [args.seed]]:
         wl = poisson_workload(
-            len(pairs), rate, args.requests, seed=args.seed, tight_tpot_s=tight, relaxed_tpot_s=relaxed
+            len(pairs), rate, args.requests, seed=seed, tight_tpot_s=tight, relaxed_tpot_s=relaxed
         )
         for name in args.policies:
             policy, slo = make_policy(name, cost)
@@ -109,6 +114,8 @@ def run_sim(args) -> list[dict]:
                 max_new_tokens=args.max_new_tokens, use_slo=slo,
             )  # fmt: skip
             row = {"mode": "sim", "rate": rate, "policy": name, **summarize(done, log)}
+            if args.seeds:
+                row["seed"] = seed
             row["acceptance_ratio_policy"] = policy.acceptance.ratio
             row["wall_s"] = time.perf_counter() - t0
             row["budget_by_batch"] = _budget_by_batch(log)
@@ -146,10 +153,13 @@ def main(argv=None) -> int:
     p.add_argument("--tight-s", type=float, default=None)
     p.add_argument("--relaxed-s", type=float, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=None,
+                   help="sim mode: one workload per seed (rows carry the seed)")  # fmt: skip
     p.add_argument("--threads", type=int, default=1, help="real mode: torch threads")
     p.add_argument("--model", default=None, help="real mode: model dir or .gguf (default SmolLM2-135M)")
     p.add_argument("--out", default=None, help="results JSON (default bench/results/serve_<mode>.json)")
     p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--plots", choices=("all", "slo"), default="all", help="slo: only serve_<mode>_slo.png")
     args = p.parse_args(argv)
     bad = [x for x in args.policies if x not in POLICIES and x not in EXTRA_POLICIES]
     if bad:
@@ -167,7 +177,7 @@ def main(argv=None) -> int:
     if not args.no_plots:
         from serve_plots import plot_all
 
-        for f in plot_all(rows, RESULTS, args.mode):
+        for f in plot_all(rows, RESULTS, args.mode, args.plots):
             print(f"wrote {f}")
     return 0
 

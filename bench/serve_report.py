@@ -44,31 +44,69 @@ def check(rows: list[dict]) -> list[str]:
     for rate in rates:
         a = by.get((rate, "adaptive"))
         others = [by[(rate, p)] for p in ("no-spec", *FIXED) if (rate, p) in by]
-        if a is None or not others:
+        if a is None:
             continue
-        best = min(others, key=lambda r: r["mean_latency_s"])
-        rel = a["mean_latency_s"] / best["mean_latency_s"] - 1.0
-        worst = max(worst, rel)
-        for p in FIXED:
-            if (rate, p) in by and a["mean_latency_s"] < by[(rate, p)]["mean_latency_s"]:
-                beats[p] = True
+        head = f"rate {rate:g}: "
+        if others:
+            best = min(others, key=lambda r: r["mean_latency_s"])
+            rel = a["mean_latency_s"] / best["mean_latency_s"] - 1.0
+            worst = max(worst, rel)
+            for p in FIXED:
+                if (rate, p) in by and a["mean_latency_s"] < by[(rate, p)]["mean_latency_s"]:
+                    beats[p] = True
+            head += (
+                f"adaptive {a['mean_latency_s']:.2f} s vs best other {best['policy']} "
+                f"{best['mean_latency_s']:.2f} s ({100 * rel:+.1f}%); "
+            )
         s = by.get((rate, "adaptive+slo"))
-        slo = ""
         if s is not None and a.get("attain_tight") == a.get("attain_tight"):
             ratio = s["attain_tight"] / a["attain_tight"] if a["attain_tight"] else float("inf")
             cost = 1.0 - s["throughput_tok_s"] / a["throughput_tok_s"]
-            slo = (
-                f"; SLO: tight attainment {_pct(a['attain_tight'])} -> {_pct(s['attain_tight'])} "
+            head += (
+                f"SLO: tight attainment {_pct(a['attain_tight'])} -> {_pct(s['attain_tight'])} "
                 f"(x{ratio:.2f}), throughput cost {100 * cost:+.1f}%"
             )
+        lines.append(head.rstrip("; "))
+    if any((r, p) in by for r in rates for p in ("no-spec", *FIXED)):
+        lines.append(f"worst adaptive excess over the best other policy: {100 * worst:+.1f}% (target <= +5%)")
         lines.append(
-            f"rate {rate:g}: adaptive {a['mean_latency_s']:.2f} s vs best other {best['policy']} "
-            f"{best['mean_latency_s']:.2f} s ({100 * rel:+.1f}%){slo}"
+            "adaptive beats at some rate: "
+            + ", ".join(f"{p} {'yes' if v else 'NO'}" for p, v in beats.items())
         )
-    lines.append(f"worst adaptive excess over the best other policy: {100 * worst:+.1f}% (target <= +5%)")
-    lines.append(
-        "adaptive beats at some rate: " + ", ".join(f"{p} {'yes' if v else 'NO'}" for p, v in beats.items())
-    )
+    return lines
+
+
+def slo_by_seed(rows: list[dict]) -> list[str]:
+    """Tight-class attainment of adaptive+slo vs adaptive and the throughput cost, per (rate, seed), and
+    per rate over the seeds (rows from ``serve.py sim --seeds``)."""
+    by = {(r["rate"], r.get("seed"), r["policy"]): r for r in rows}
+    lines = []
+    for rate in sorted({r["rate"] for r in rows}):
+        att, cost, met = [], [], 0
+        seeds = sorted({r.get("seed") for r in rows if r["rate"] == rate})
+        for seed in seeds:
+            a, s = by.get((rate, seed, "adaptive")), by.get((rate, seed, "adaptive+slo"))
+            if a is None or s is None:
+                continue
+            ratio = s["attain_tight"] / a["attain_tight"] if a["attain_tight"] else float("inf")
+            c = 1.0 - s["throughput_tok_s"] / a["throughput_tok_s"]
+            att.append((a["attain_tight"], s["attain_tight"]))
+            cost.append(c)
+            met += ratio >= 1.5 and c <= 0.05
+            n = by.get((rate, seed, "adaptive+slo-noadmit"))
+            extra = "" if n is None else f"; without SLO admission {_pct(n['attain_tight'])}"
+            lines.append(
+                f"rate {rate:g} seed {seed}: tight attainment {_pct(a['attain_tight'])} -> "
+                f"{_pct(s['attain_tight'])} (x{ratio:.2f}), throughput cost {100 * c:+.1f}%{extra}"
+            )
+        if att:
+            mean_a = sum(x for x, _ in att) / len(att)
+            mean_s = sum(y for _, y in att) / len(att)
+            lines.append(
+                f"rate {rate:g}, {len(att)} seeds: mean tight attainment {_pct(mean_a)} -> {_pct(mean_s)} "
+                f"(x{mean_s / mean_a:.2f}), mean throughput cost {100 * sum(cost) / len(cost):+.1f}% "
+                f"(max {100 * max(cost):+.1f}%); target (x1.5 at <= 5%) met on {met} of {len(att)}"
+            )
     return lines
 
 
@@ -86,6 +124,10 @@ def main(argv=None) -> int:
 
         for f in plot_all(rows_all, Path(__file__).resolve().parent / "results", plot_mode):
             print(f"wrote {f}")
+    if len({r.get("seed") for r in rows_all}) > 1:
+        for line in slo_by_seed(rows_all):
+            print(f"- {line}")
+        return 0
     for path, rows in [(" + ".join(argv), sorted(rows_all, key=lambda r: r["rate"]))]:
         print(f"### {path}\n")
         print(table(rows))

@@ -6,9 +6,10 @@ output) pairs (teacher forcing: a draft node is accepted when its path equals th
 The policy under test runs unchanged: it calls the real drafter, chooses budgets with its own copy of
 the cost model, and observes the simulated step times.
 
-Prefill (as the engine does it): each admitted request's prompt minus its last token is prefilled in
-its own forward (``forward(n_context=0, n_batched=len(prompt) - 1)``); the first output token comes from
-the request's first step.
+Admission and prefill (as the engine does them): arrived requests wait in a queue; before each step the
+policy's ``admit`` picks who joins (FIFO without TPOT targets); each admitted request's prompt minus its
+last token is prefilled in its own forward (``CostModel.prefill_time``), and the running requests wait for
+it; the first output token comes from the request's first step.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 from serve_workload import Arrival, Finished, StepLog
-from sssd.costmodel import CostModel, forward_features
-from sssd.policy import BudgetPolicy, StepTiming, StepView
+from sssd.costmodel import CostModel
+from sssd.policy import AdmitView, BudgetPolicy, StepTiming, StepView, fifo
 from sssd.simulate import accepted_lengths
 
 
@@ -32,11 +33,9 @@ class _Live:
     first_token_s: float
 
 
-def prefill_s(cost: CostModel, prompt_tokens: int, n_new: int) -> float:
-    """Predicted time of prefilling ``n_new`` prompts of ``prompt_tokens`` tokens in total."""
-    fwd = cost.forward.predict(np.array(forward_features(0, prompt_tokens, prompt_tokens)))
-    oth = cost.other.predict(np.array([float(n_new), float(n_new), 1.0]))
-    return float(max(fwd, 0.0) + max(oth, 0.0))
+def prefill_s(cost: CostModel, prompt_tokens: int) -> float:
+    """Predicted time of prefilling one prompt of ``prompt_tokens`` tokens (its own forward)."""
+    return cost.prefill_time(prompt_tokens)
 
 
 def simulate_serving(
@@ -50,42 +49,75 @@ def simulate_serving(
     max_new_tokens: int | None = None,
     use_slo: bool = False,
 ) -> tuple[list[Finished], StepLog]:
-    """Replays ``workload`` (sorted by arrival) and returns the finished requests and the step log."""
+    """Replays ``workload`` (sorted by arrival) and returns the finished requests and the step log.
+
+    Admission is the policy's (``policy.admit``, FIFO when it has none or no request has a target), as
+    in the engine: requests that arrived wait in a queue, the policy picks who joins before each step.
+    The policy is told what an engine knows about a request's length: its token limit (``max_new_tokens``,
+    default the longest recorded output), not where the recorded output ends."""
     drafter = make_drafter()
+    cap = max_new_tokens or max(len(p.output_ids) for p in pairs)
     pending = sorted(workload, key=lambda a: a.arrival_s)
     nxt = 0
+    waiting: list[Arrival] = []
     live: dict[int, _Live] = {}
     done: list[Finished] = []
     log = StepLog()
     clock = 0.0
-    while nxt < len(pending) or live:
-        # admission (FIFO, up to max_batch), each prompt prefilled in its own forward
-        new = []
-        while nxt < len(pending) and pending[nxt].arrival_s <= clock and len(live) + len(new) < max_batch:
-            new.append(pending[nxt])
+    while nxt < len(pending) or waiting or live:
+        while nxt < len(pending) and pending[nxt].arrival_s <= clock:
+            a = pending[nxt]
+            waiting.append(a)
             nxt += 1
+            if use_slo:
+                policy.set_slo(a.rid, a.tpot_target_s, priority=1.0 if a.slo_class == "tight" else 0.0)
+        new = _admit(waiting, live, pairs, policy, max_batch, cap)
         if not live and not new:
             clock = pending[nxt].arrival_s
             continue
+        stall = 0.0
         for a in new:
             p = pairs[a.pair]
             out = p.output_ids if max_new_tokens is None else p.output_ids[:max_new_tokens]
-            clock += prefill_s(truth, len(p.prompt_ids) - 1, 1)
+            stall += prefill_s(truth, len(p.prompt_ids) - 1)
             drafter.add_request(a.rid, np.asarray(p.prompt_ids, dtype=np.int32))
             live[a.rid] = _Live(a, p.prompt_ids, out, 0, -1.0)
-            if use_slo:
-                policy.set_slo(a.rid, a.tpot_target_s, priority=1.0 if a.slo_class == "tight" else 0.0)
-        clock = _step(live, drafter, policy, truth, log, clock)
+        clock = _step(live, drafter, policy, truth, log, clock + stall, stall, cap)
         _finish_done(live, done, drafter, policy, clock)
     return done, log
 
 
-def _step(live, drafter, policy: BudgetPolicy, truth: CostModel, log: StepLog, clock: float) -> float:
+def _admit(waiting: list, live: dict, pairs, policy, max_batch: int, cap: int) -> list:
+    """Removes and returns the waiting arrivals the policy admits now (the engine's ``_admit``)."""
+    free = max_batch - len(live)
+    if not waiting or free <= 0:
+        return []
+    rids = list(live)
+    view = AdmitView(
+        [a.rid for a in waiting],
+        [len(pairs[a.pair].prompt_ids) for a in waiting],
+        [cap] * len(waiting),
+        StepView(rids, [len(live[r].prompt) + live[r].pos for r in rids],
+                 [cap - live[r].pos for r in rids], [None] * len(rids)),
+        free,
+    )  # fmt: skip
+    chosen = policy.admit(view) if hasattr(policy, "admit") else fifo(view)
+    if not chosen and not live:
+        chosen = [waiting[0].rid]  # an empty batch always takes its first request
+    by_id = {a.rid: a for a in waiting}
+    new = [by_id[r] for r in chosen]
+    waiting[:] = [a for a in waiting if a.rid not in set(chosen)]
+    return new
+
+
+def _step(
+    live, drafter, policy: BudgetPolicy, truth: CostModel, log: StepLog, clock: float, stall: float, cap: int
+) -> float:
     rids = list(live)
     b = len(rids)
     ctx = [len(live[r].prompt) + live[r].pos for r in rids]
     n_ctx = int(sum(ctx))
-    remaining = [len(live[r].output) - live[r].pos for r in rids]
+    remaining = [cap - live[r].pos for r in rids]  # what the engine knows: the token limit
     plan = policy.step(drafter, StepView(rids, ctx, remaining, [None] * b))
     acc = np.zeros(b, dtype=np.int64)
     if plan.batch is not None and plan.budget > 0:
@@ -117,7 +149,9 @@ def _step(live, drafter, policy: BudgetPolicy, truth: CostModel, log: StepLog, c
         lv.pos += n
         if lv.first_token_s < 0:
             lv.first_token_s = clock
-    policy.observe(StepTiming(b, plan.budget, b + plan.budget, n_ctx, tuple(acc), drf, fwd, oth, step_s))
+    policy.observe(
+        StepTiming(b, plan.budget, b + plan.budget, n_ctx, tuple(acc), drf, fwd, oth, step_s, stall)
+    )
     log.add(b, plan.budget, step_s, int(acc.sum()), plan.expected_accepted)
     return clock
 

@@ -21,8 +21,12 @@ POLICIES: dict[str, tuple[str, int, bool]] = {
     "adaptive": ("adaptive", 64, False),
     "adaptive+slo": ("adaptive", 64, True),
 }
-# Variants run only when named with --policies: SLO-first ranking by the drafter instead of the policy.
-EXTRA_POLICIES: dict[str, tuple[str, int, bool]] = {"adaptive+slo-drafter": ("adaptive", 64, True)}
+# Variants run only when named with --policies: SLO-first ranking by the drafter instead of the policy;
+# SLO mode without SLO-aware admission (FIFO admission, SLO-aware speculation only).
+EXTRA_POLICIES: dict[str, tuple[str, int, bool]] = {
+    "adaptive+slo-drafter": ("adaptive", 64, True),
+    "adaptive+slo-noadmit": ("adaptive", 64, True),
+}
 
 
 @dataclass(frozen=True)
@@ -123,6 +127,7 @@ def summarize(done: list[Finished], steps: StepLog | None = None) -> dict:
         out[f"attain_{cls}"] = (
             float(np.mean([d.tpot_s <= d.tpot_target_s for d in sel])) if sel else float("nan")
         )
+        out[f"mean_latency_{cls}_s"] = float(np.mean([d.latency_s for d in sel])) if sel else float("nan")
     if steps is not None and steps.step_s:
         out["steps"] = len(steps.step_s)
         out["mean_budget"] = float(np.mean(steps.budget))

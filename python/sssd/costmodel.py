@@ -253,6 +253,14 @@ class CostModel:
             drf = np.zeros_like(k)
         return StepCost(np.maximum(fwd, 0.0), np.maximum(drf, 0.0), np.maximum(oth, 0.0))
 
+    def prefill_time(self, prompt_tokens: int) -> float:
+        """Predicted time of prefilling one prompt of ``prompt_tokens`` tokens in its own forward (as the
+        engine does between steps): a forward with no committed context and every token batched."""
+        n = float(prompt_tokens)
+        fwd = self.forward.predict(np.array(forward_features(0, n, n)))
+        oth = self.other.predict(np.array([1.0, 1.0, 1.0]))
+        return float(max(fwd, 0.0) + max(oth, 0.0))
+
     def draft_time(self, batch_size: int, budget: int) -> float:
         return max(0.0, float(self.draft.predict(np.array([batch_size, budget, 1.0]))))
 

@@ -15,8 +15,9 @@ commit the accepted nodes' K/V, hand the new tokens to the drafter, retire finis
 The budget hook (for the adaptive scheduler): ``EngineConfig.policy`` is any object with
 ``plan(view: StepView) -> int | Sequence[int]`` (global budget or one per request, 0 = plain decoding)
 and ``observe(timing: StepTiming)`` called after every step; see ``sssd.policy``. Optional hooks:
-``propose_kwargs(view) -> dict`` (extra ``propose`` arguments, e.g. SLO targets) and ``select(view, batch)``
-(the part of the proposed batch to verify). Without a policy the engine uses the adaptive
+``propose_kwargs(view) -> dict`` (extra ``propose`` arguments, e.g. SLO targets), ``select(view, batch)``
+(the part of the proposed batch to verify) and ``admit(view: AdmitView) -> list[int]`` (which waiting
+requests join the batch now; FIFO without it). Without a policy the engine uses the adaptive
 ``BudgetPolicy`` (``budget_mode="adaptive"``: the goodput-optimal global budget in 0..``budget`` each step)
 or ``FixedBudget(config.budget, config.per_request_budget)``. A request's own ``budget`` (given to
 ``add_request``) overrides the plan for that request.
@@ -34,7 +35,7 @@ import numpy as np
 
 from sssd.adapter import ATTENTION_BACKENDS, ModelAdapter
 from sssd.draft_trees import split_batch
-from sssd.policy import FixedBudget, StepTiming, StepView
+from sssd.policy import AdmitView, FixedBudget, StepTiming, StepView
 from sssd.requests import GenerationResult, Request, StreamEvent, as_prompt_ids
 from sssd.sampling import SamplingParams, as_params, eos_defaults
 from sssd.step_verify import verify_step
@@ -166,9 +167,18 @@ class Engine:
         """The result of a finished request (kept until taken)."""
         return self._finished.pop(rid, None)
 
-    def _admit(self) -> None:
-        while self._waiting and len(self._active) < self.config.max_batch_size:
-            req = self._waiting.popleft()
+    def _admit(self) -> float:
+        """Admit waiting requests into free slots (prefill their prompts). Who joins is the policy's
+        ``admit(AdmitView)`` when it has one (FIFO otherwise; an empty batch always takes one request).
+        Returns the seconds spent, which the running requests waited."""
+        free = self.config.max_batch_size - len(self._active)
+        if not self._waiting or free <= 0:
+            return 0.0
+        chosen = self._admission(free)
+        ids = {r.rid for r in chosen}
+        self._waiting = deque(r for r in self._waiting if r.rid not in ids)
+        t_start = time.perf_counter()
+        for req in chosen:
             t0 = time.perf_counter()
             slot = self.adapter.cache.add()
             assert slot == len(self._active)
@@ -178,6 +188,30 @@ class Engine:
                 self.drafter.add_request(req.rid, req.prompt.astype(np.int32))
             req.stats.prefill_time = time.perf_counter() - t0
             self.stats.prefill_time += req.stats.prefill_time
+        if not chosen:
+            return 0.0
+        self.adapter.synchronize()  # GPU: the prefills' time, not their launch time
+        return time.perf_counter() - t_start
+
+    def _admission(self, free: int) -> list[Request]:
+        waiting = list(self._waiting)
+        admit = getattr(self.policy, "admit", None)
+        if admit is None:
+            return waiting[:free]
+        reqs = self._active
+        view = AdmitView(
+            [r.rid for r in waiting],
+            [len(r.prompt) for r in waiting],
+            [r.remaining for r in waiting],
+            StepView([r.rid for r in reqs], [r.context_len for r in reqs], [r.remaining for r in reqs],
+                     [r.budget for r in reqs]),
+            free,
+        )  # fmt: skip
+        by_id = {r.rid: r for r in waiting}
+        chosen = [by_id[rid] for rid in dict.fromkeys(admit(view)) if rid in by_id][:free]
+        if not chosen and not reqs:
+            chosen = waiting[:1]  # an empty batch always makes progress
+        return chosen
 
     # -- one step ------------------------------------------------------------------------------------
     def _plan(self) -> int | list[int]:
@@ -201,7 +235,7 @@ class Engine:
 
     def step(self) -> list[StreamEvent]:
         """Run one step for every active request (admitting waiting ones first). Returns the events."""
-        self._admit()
+        stall = self._admit()
         reqs = self._active
         if not reqs:
             return []
@@ -253,7 +287,7 @@ class Engine:
         nodes = sum(len(t.tokens) for t, _ in trees)
         timing = StepTiming(
             len(rids), plan if isinstance(plan, int) else tuple(plan), nodes, context_tokens, tuple(accepted),
-            t1 - t0, t2 - t1, t3 - t2, t3 - t0,
+            t1 - t0, t2 - t1, t3 - t2, t3 - t0, stall,
         )  # fmt: skip
         s = self.stats
         s.steps += 1

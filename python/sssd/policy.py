@@ -9,11 +9,14 @@ saved too) and probes again with exponential back-off.
 With TPOT targets (``set_slo``), among the budgets whose expected goodput is within
 ``slo_goodput_tolerance`` of the best, it picks the one that is predicted to meet the most (priority-
 weighted) targets, with nodes re-ranked so that requests falling short of their target get them first.
+It also decides who joins the batch (``admit``): FIFO without targets; with them, higher priority first,
+and a request waits while admitting it would push a running request over its target (``sssd.admission``).
 
 The engine's hook (any object with these methods works; see ``sssd.engine``): ``plan(view: StepView)``
 returns the step's budget (a global int or one per request; 0 = plain decoding), an optional
-``select(view, batch)`` truncates the proposed batch, and ``observe(timing: StepTiming)`` gets the
-measured step. ``FixedBudget`` is the minimal policy; ``BudgetPolicy`` the adaptive one (the default).
+``select(view, batch)`` truncates the proposed batch, an optional ``admit(view: AdmitView)`` picks the
+waiting requests that join, and ``observe(timing: StepTiming)`` gets the measured step. ``FixedBudget``
+is the minimal policy; ``BudgetPolicy`` the adaptive one (the default).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Protocol
 
 import numpy as np
 
+from sssd.admission import Candidate, RunningState, admit_with_slo, expected_remaining
 from sssd.budget import (
     BudgetChoice,
     accumulated_probs,
@@ -50,6 +54,22 @@ class StepView:
 
 
 @dataclass(frozen=True)
+class AdmitView:
+    """What a policy sees when requests wait for a batch slot (``admit``). Lists in queue order."""
+
+    waiting_ids: list[int]
+    prompt_lens: list[int]  # prompt tokens of each waiting request
+    waiting_remaining: list[int]  # tokens each may produce
+    running: StepView  # the batch as it is now
+    free_slots: int
+
+
+def fifo(view: AdmitView) -> list[int]:
+    """Today's admission: the first ``free_slots`` waiting requests, in arrival order."""
+    return list(view.waiting_ids[: max(view.free_slots, 0)])
+
+
+@dataclass(frozen=True)
 class StepTiming:
     """One finished step. Times in seconds."""
 
@@ -62,6 +82,7 @@ class StepTiming:
     forward_time: float
     verify_time: float  # verification + KV commit + bookkeeping
     step_time: float
+    prefill_time: float = 0.0  # admitting (prefilling) requests just before this step; running ones wait
 
 
 class PolicyHook(Protocol):
@@ -110,6 +131,14 @@ class BudgetConfig:
     # lacks the throughput-optimal ranking, so the goodput cost of the SLO choice cannot be bounded.
     slo_via_drafter: bool = False
     slo_catch_up: float = 2.0  # per-step targets follow each request's TPOT so far (1 = off)
+    # SLO-aware admission (``admit``; only when some request has a target): higher priority first, and a
+    # request waits while admitting it would push a running request with a target over it.
+    slo_admission: bool = True
+    slo_admit_margin: float = 0.95  # scales the targets in the admission test (< 1: safety margin)
+    slo_admit_hold: bool = True  # a request with a target also waits while it could not meet it
+    slo_admit_tolerance: float = 1.0  # never hold the batch where its throughput is this far below full
+    slo_max_defer: int = 256  # admission calls a request may be held back before it is admitted anyway
+    length_samples: int = 8  # finished requests needed before their lengths predict the running ones'
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -120,6 +149,8 @@ class BudgetConfig:
             raise ValueError("max_per_request must be >= 0 or None")
         if not 0.0 <= self.slo_goodput_tolerance < 1.0:
             raise ValueError("slo_goodput_tolerance must be in [0, 1)")
+        if not (self.slo_admit_margin > 0 and 0.0 <= self.slo_admit_tolerance and self.slo_max_defer >= 0):
+            raise ValueError("slo_admit_margin must be > 0, slo_admit_tolerance and slo_max_defer >= 0")
 
 
 @dataclass(frozen=True)
@@ -158,8 +189,9 @@ class AcceptanceStats:
 
 @dataclass
 class _RequestStats:
-    time_s: float = 0.0
+    time_s: float = 0.0  # steps taken part in + prefill stalls after its first step
     tokens: int = 0
+    steps: int = 0
 
 
 class BudgetPolicy:
@@ -184,6 +216,9 @@ class BudgetPolicy:
         self._last_step_s = 0.0
         self._slo_proposed = False
         self._finished: dict[int, tuple[float, int, SLOTarget | None]] = {}
+        self._deferred: dict[int, int] = {}  # waiting rid -> admission calls it was held back
+        self._nodes_per_request = 0.0  # running mean of draft nodes per request per step
+        self._tokens_per_step = 1.0  # running mean of tokens per request per step
 
     # -- requests -----------------------------------------------------------------------------------
     def set_slo(self, rid: int, tpot_s: float | None, priority: float = 0.0) -> None:
@@ -207,6 +242,50 @@ class BudgetPolicy:
         if not self.config.acceptance_correction or a.predicted < 8.0:
             return 1.0  # not enough evidence yet
         return float(np.clip(a.observed / a.predicted, 0.25, 2.0))
+
+    # -- admission ------------------------------------------------------------------------------------
+    def admit(self, view: AdmitView) -> list[int]:
+        """Ids of waiting requests to admit before the next step, in order (at most ``free_slots``).
+        Without TPOT targets (or with ``slo_admission`` off) this is FIFO, as without the hook; with
+        them, see :mod:`sssd.admission`."""
+        rids = list(view.running.request_ids)
+        if not (
+            self.config.slo_admission
+            and view.free_slots > 0
+            and any(r in self.slo for r in (*rids, *view.waiting_ids))
+        ):
+            return fifo(view)
+        targets, prio = self._targets(rids, catch_up=False)
+        stats = [self._requests.get(r, _RequestStats()) for r in rids]
+        rate = np.array([(s.tokens + 4 * self._tokens_per_step) / (s.steps + 4) for s in stats])
+        tokens = np.array([s.tokens for s in stats])
+        run = RunningState(
+            targets, prio, np.array([s.time_s for s in stats]), tokens,
+            self._expected_remaining(tokens, view.running.remaining), rate,
+            np.asarray(view.running.context_lens, dtype=np.int64),
+        )  # fmt: skip
+        w_left = self._expected_remaining(np.zeros(len(view.waiting_ids)), view.waiting_remaining)
+        waiting = [
+            Candidate(r, int(n), float(m), self.slo[r].priority if r in self.slo else 0.0)
+            for r, n, m in zip(view.waiting_ids, view.prompt_lens, w_left, strict=True)
+        ]
+        force = {r for r in view.waiting_ids if self._deferred.get(r, 0) >= self.config.slo_max_defer}
+        targets = {r: self.slo[r].tpot_s for r in view.waiting_ids if r in self.slo}
+        chosen = admit_with_slo(
+            run, waiting, targets, view.free_slots, self.cost,
+            nodes_per_request=self._nodes_per_request, default_rate=self._tokens_per_step,
+            margin=self.config.slo_admit_margin, hold_unreachable=self.config.slo_admit_hold,
+            tolerance=self.config.slo_admit_tolerance, force=force,
+        )  # fmt: skip
+        for r in view.waiting_ids:
+            self._deferred[r] = 0 if r in chosen else self._deferred.get(r, 0) + 1
+        for r in chosen:
+            self._deferred.pop(r, None)
+        return chosen
+
+    def _expected_remaining(self, tokens, limit) -> np.ndarray:
+        lengths = [k for _, k, _ in list(self._finished.values())[-512:]]
+        return expected_remaining(tokens, limit, lengths, self.config.length_samples)
 
     # -- the engine hook ------------------------------------------------------------------------------
     def plan(self, view) -> int:
@@ -293,7 +372,7 @@ class BudgetPolicy:
             return 0.0
         return float(self.cost.predict(b, n_context, k, drafted=drafted).total)
 
-    def _targets(self, rids) -> tuple[np.ndarray, np.ndarray]:
+    def _targets(self, rids, catch_up: bool = True) -> tuple[np.ndarray, np.ndarray]:
         """Per-step TPOT targets [B] (inf = none) and priorities [B]. With ``slo_catch_up``, a request
         behind its target so far (time spent > target x tokens) gets a proportionally tighter target for
         this step and one ahead a looser one (factor clipped to [1/c, c]), so that the allocation steers
@@ -301,7 +380,7 @@ class BudgetPolicy:
         t = np.array([self.slo[r].tpot_s if r in self.slo else np.inf for r in rids])
         p = np.array([self.slo[r].priority if r in self.slo else 0.0 for r in rids])
         c = self.config.slo_catch_up
-        if c > 1.0:
+        if c > 1.0 and catch_up:
             for i, r in enumerate(rids):
                 st = self._requests.get(r)
                 if np.isfinite(t[i]) and st is not None and st.tokens > 0 and st.time_s > 0:
@@ -371,6 +450,11 @@ class BudgetPolicy:
             a.total_predicted += pred
             a.total_observed += float(accepted.sum())
             a.steps += 1
+        if b > 0:
+            nodes = float(plan.budget) if plan is not None else 0.0
+            self._nodes_per_request += 0.05 * (nodes / b - self._nodes_per_request)
+            self._tokens_per_step += 0.05 * (1.0 + float(accepted.mean()) - self._tokens_per_step)
+        stall = float(getattr(timing, "prefill_time", 0.0))
         if len(self._last_rids) == len(accepted):
             for rid, n in zip(self._last_rids, accepted, strict=True):
                 if rid in self._finished:  # removed during this step (the engine retires first)
@@ -378,8 +462,10 @@ class BudgetPolicy:
                     self._finished[rid] = (t + float(timing.step_time), k + int(n) + 1, target)
                     continue
                 st = self._requests.setdefault(rid, _RequestStats())
-                st.time_s += float(timing.step_time)
+                # the prefills before this step stalled the requests already running (TPOT counts them)
+                st.time_s += float(timing.step_time) + (stall if st.tokens > 0 else 0.0)
                 st.tokens += int(n) + 1
+                st.steps += 1
 
     # -- reports ------------------------------------------------------------------------------------
     def slo_report(self) -> dict[int, dict]:
