@@ -19,22 +19,17 @@ import sys
 import time
 from pathlib import Path
 
+import corpora
 import numpy as np
 import sssd
 import torch
-from sssd.models import cache_dir, ensure_hf_model, load_tokenizer
+from sssd.models import ensure_hf_model, load_tokenizer
 
 DATA = Path("/work/shared/data")
 
 
 def datastore(tok) -> sssd.Datastore:
-    path = cache_dir() / "bench" / "engine_smollm2_other_outputs.sssd"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tokens = np.load(DATA / "smollm2_other_outputs.tokens.npy")
-        offsets = np.load(DATA / "smollm2_other_outputs.offsets.npy")
-        sssd.build_datastore((tokens, offsets), path, vocab_size=49152, tokenizer=tok)
-    return sssd.Datastore.open(path, tokenizer=tok)
+    return sssd.Datastore.open(corpora.outputs_datastore(tok), tokenizer=tok)
 
 
 def prompts(n_per_subset: int) -> list[list[int]]:

@@ -142,3 +142,21 @@ def sample_contexts(tokens: np.ndarray, offsets: np.ndarray, n: int, length: int
         if len(out) == n:
             break
     return out
+
+
+def outputs_datastore(tokenizer=None, cache: Path | None = None) -> Path:
+    """The datastore of :func:`outputs` (with the tokenizer's fingerprint when one is given), built once
+    into the cache; a cached file that no longer opens (e.g. written by an older build) is rebuilt."""
+    import sssd
+
+    cache = CACHE if cache is None else Path(cache)
+    path = cache / ("smollm2_other_outputs" + (".fp" if tokenizer is not None else "") + ".sssd")
+    if path.exists():
+        try:
+            sssd.Datastore.open(path, tokenizer=tokenizer)
+            return path
+        except sssd.DatastoreError as e:
+            print(f"rebuilding {path}: {e}")
+    cache.mkdir(parents=True, exist_ok=True)
+    sssd.build_datastore(outputs(), path, vocab_size=VOCAB, tokenizer=tokenizer)
+    return path

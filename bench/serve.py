@@ -57,18 +57,11 @@ def bench_cache() -> Path:
 
 
 def datastore_path(cache: Path) -> Path:
-    """The datastore of the other-outputs corpus (built once into ``cache``)."""
-    import sssd
+    """The datastore of the other-outputs corpus with the SmolLM2 tokenizer's fingerprint (built once)."""
+    import corpora
+    from sssd.models import load_tokenizer
 
-    path = cache / "smollm2_other_outputs.v2.sssd"  # v2: records the SmolLM2 tokenizer fingerprint
-    if not path.exists():
-        tokens = np.load(DATA / "smollm2_other_outputs.tokens.npy")
-        offsets = np.load(DATA / "smollm2_other_outputs.offsets.npy")
-        cache.mkdir(parents=True, exist_ok=True)
-        from sssd.models import load_tokenizer
-
-        sssd.build_datastore((tokens, offsets), path, vocab_size=49152, tokenizer=load_tokenizer())
-    return path
+    return corpora.outputs_datastore(load_tokenizer(), cache)
 
 
 def drafter_factory(kind: str, cache: Path):
