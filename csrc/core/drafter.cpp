@@ -143,7 +143,7 @@ void Drafter::draft_one(const Request& r, int32_t cap, Scratch& s) const {
     tries[0] = &s.tries[0];
   }
   if (params_.use_datastore && !shards_.empty()) {
-    search_context(shards_, TokenSpan{ctx.data(), len}, params_.search, s.tries[1]);
+    search_context(shards_, TokenSpan{ctx.data(), len}, params_.search, s.tries[1], &r.ds_cache);
     tries[1] = &s.tries[1];
   }
   if (params_.use_pool && pool_.live_tokens() > 0) {

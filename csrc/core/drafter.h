@@ -93,6 +93,9 @@ class Drafter {
     std::vector<int32_t> plain;  // the context when the input source is off
     int64_t prompt_len = 0;
     Pending pending;
+    // The datastore search of the last propose (its ranges speed up the next one). Mutable: propose
+    // (under the mutex) drafts each request on exactly one thread.
+    mutable SearchCache ds_cache;
     explicit Request(int32_t max_n) : index(max_n) {}
     const std::vector<int32_t>& context(bool indexed) const { return indexed ? index.tokens() : plain; }
   };
