@@ -157,8 +157,7 @@ void Drafter::draft_one(const Request& r, int32_t cap, Scratch& s) const {
     tries[0] = &s.tries[0];
   }
   fuse(tries, params_.calibrated ? &cal_ : nullptr, params_.fusion, s.tree);
-  select_sequence(s.tree.parents.data(), s.tree.f.data(), s.tree.depth.data(), s.tree.size(), cap,
-                  params_.max_depth, params_.max_width, s.seq);
+  select_sequence(s.tree, cap, params_.max_depth, params_.max_width, s.seq, s.select);
   s.seq_f.resize(s.seq.size());
   for (size_t k = 0; k < s.seq.size(); ++k) s.seq_f[k] = s.tree.f[static_cast<size_t>(s.seq[k])];
 }

@@ -104,6 +104,7 @@ class Drafter {
     std::vector<Occurrence> occ;
     std::vector<int32_t> docs_used, seq;
     CandidateTree tree;
+    SelectScratch select;
     std::vector<double> seq_f;
   };
 
