@@ -217,6 +217,7 @@ void find_ranges(const TypedShard<Sym, Idx>& sh, const SearchIndex* index, const
       const uint32_t* q = query_end - lengths[s];
       uint32_t begin = index->bucket_begin(q[0]), end = index->bucket_begin(q[0] + 1);
       const bool pair = lengths[s] >= 2 && index->pair_range(q[0], q[1], &begin, &end);
+      if (lengths[s] == 1 && index->single_range(q[0], &out[s].lo, &out[s].hi)) continue;
       if (lengths[s] == 1 || (lengths[s] == 2 && pair)) {
         to_gap(Cursor{begin, begin, 0, 0, 0, 0, s, Cursor::kLower});
         to_gap(Cursor{end, end, 0, 0, 0, 0, s, Cursor::kUpper});
@@ -238,6 +239,11 @@ void find_ranges(const TypedShard<Sym, Idx>& sh, const SearchIndex* index, const
   }
   SaProbe<Sym, Idx> probe{sh};
   lockstep(cursors, lengths, query_end, probe, record);
+  if (buckets) {
+    for (int32_t s = 0; s < n; ++s) {
+      if (lengths[s] == 1) index->remember_single(*(query_end - 1), out[s].lo, out[s].hi);
+    }
+  }
 }
 
 // Like find_ranges, but the range of q_s is known to lie inside windows[s] (suffix-array indices of this

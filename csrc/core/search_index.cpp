@@ -103,6 +103,11 @@ SearchIndex::SearchIndex(const DatastoreView& v, uint64_t stride)
     }
     for (size_t x = 1; x < buckets_.size(); ++x) buckets_[x] += buckets_[x - 1];
     build_pairs();
+    if (v.header->num_tokens < 0xffffffffu) {  // packed (lo, hi) words
+      num_singles_ = symbols;
+      singles_.reset(new std::atomic<uint64_t>[static_cast<size_t>(symbols)]);
+      for (uint64_t x = 0; x < symbols; ++x) singles_[x].store(kUnknown, std::memory_order_relaxed);
+    }
   }
 }
 
