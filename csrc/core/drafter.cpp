@@ -190,12 +190,25 @@ void Drafter::propose(const int64_t* rids, int64_t b, const int64_t* budgets, bo
   allocate_budget(seq_f, lens, per_request ? total : global, tpot, step_time, slack, order);
 
   // Nodes of tree i: the root, then the first taken[i] of its sequence (connected, parents first).
-  std::vector<int32_t> taken(static_cast<size_t>(b), 0), rank_of;
-  std::vector<std::vector<int32_t>> ranks(static_cast<size_t>(b));
-  for (size_t r = 0; r < order.size(); ++r) ranks[static_cast<size_t>(order[r])].push_back(static_cast<int32_t>(r));
+  // rank_list[rank_start[i] ..] = the ranks tree i took, increasing (a flat bucket sort of `order`).
+  std::vector<int32_t> rank_start(static_cast<size_t>(b) + 1, 0), rank_list(order.size());
+  for (int32_t t : order) ++rank_start[static_cast<size_t>(t) + 1];
+  for (int64_t i = 0; i < b; ++i) rank_start[static_cast<size_t>(i) + 1] += rank_start[static_cast<size_t>(i)];
+  {
+    std::vector<int32_t> fill(rank_start.begin(), rank_start.end() - 1);
+    for (size_t r = 0; r < order.size(); ++r) {
+      rank_list[static_cast<size_t>(fill[static_cast<size_t>(order[r])]++)] = static_cast<int32_t>(r);
+    }
+  }
   const size_t n_total = static_cast<size_t>(b) + order.size();
   out = ProposeOutput();
-  out.tokens.reserve(n_total);
+  for (auto* v : {&out.tokens, &out.parents, &out.depth, &out.match_len, &out.rank}) v->reserve(n_total);
+  for (auto* v : {&out.probs, &out.raw, &out.acc}) v->reserve(n_total);
+  out.source.reserve(n_total);
+  out.source_mask.reserve(n_total);
+  out.offsets.reserve(static_cast<size_t>(b) + 1);
+  out.context_len.reserve(static_cast<size_t>(b));
+  out.gain.reserve(order.size() + 1);
   out.offsets.assign(1, 0);
   out.gain.assign(1, 0.0);
   std::vector<double> f_of_rank(order.size());
@@ -203,8 +216,9 @@ void Drafter::propose(const int64_t* rids, int64_t b, const int64_t* budgets, bo
   for (int64_t i = 0; i < b; ++i) {
     const Scratch& s = scratch_[static_cast<size_t>(i)];
     const CandidateTree& t = s.tree;
-    const auto& rk = ranks[static_cast<size_t>(i)];
-    local.assign(static_cast<size_t>(t.size()), -1);
+    const int32_t* rk = rank_list.data() + rank_start[static_cast<size_t>(i)];
+    const auto taken = static_cast<size_t>(rank_start[static_cast<size_t>(i) + 1] - rank_start[static_cast<size_t>(i)]);
+    local.resize(static_cast<size_t>(t.size()));  // entries are written before they are read
     auto emit = [&](int32_t v, int32_t parent, int32_t rank) {
       local[static_cast<size_t>(v)] = static_cast<int32_t>(out.tokens.size() - static_cast<size_t>(out.offsets.back()));
       out.tokens.push_back(t.tokens[v]);
@@ -219,7 +233,7 @@ void Drafter::propose(const int64_t* rids, int64_t b, const int64_t* budgets, bo
       out.source_mask.push_back(t.source_mask[v]);
     };
     emit(0, -1, -1);
-    for (size_t k = 0; k < rk.size(); ++k) {
+    for (size_t k = 0; k < taken; ++k) {
       const int32_t v = s.seq[k];
       emit(v, local[static_cast<size_t>(t.parents[v])], rk[k]);
       f_of_rank[static_cast<size_t>(rk[k])] = t.f[v];
