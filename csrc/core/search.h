@@ -19,7 +19,8 @@
 //   since, the occurrences of its suffix of length L are a sub-range of those of the previous context's
 //   suffix of length L - n, so the new range is binary-searched inside that small window (reading one
 //   new symbol per probe), lengths whose window is empty are known to have no occurrence, and the
-//   longest match is at most the previous one + n: usually one cheap probe finds it.
+//   longest match is at most the previous one + n: usually one cheap probe finds it;
+// - the trie of a one- or two-symbol suffix sampled into an empty trie is memoized per thread.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -53,6 +54,7 @@ struct SearchCache {
   int32_t max_len = 0;             // query length of the cached search
   const void* shards_id = nullptr;  // the first shard's header, and the number of shards
   size_t num_shards = 0;
+  uint64_t generation = 0;         // mapping_generation() when stored
   std::vector<uint32_t> query;     // [max_len] the cached query's symbols (token + 1)
   std::vector<uint8_t> known;      // [max_len + 1] range of this length was computed
   std::vector<uint64_t> totals;    // [max_len + 1] its occurrences over all shards
@@ -65,6 +67,10 @@ struct SearchCache {
 // cache: reads it (when it fits this context) and stores this search in it.
 void search_context(const std::vector<DatastoreView>& shards, TokenSpan context, const SearchParams& p,
                     CandidateTrie& out, SearchCache* cache = nullptr);
+
+// Turns the per-thread memo of short-suffix tries (search.cpp, TrieMemo) on (the default) or off, for
+// every thread; results are the same either way (tests compare them).
+void set_search_memo(bool on);
 
 // One trie per context, contexts searched in parallel (no Python objects are touched).
 void search_batch(const std::vector<DatastoreView>& shards, const std::vector<TokenSpan>& contexts,

@@ -152,7 +152,14 @@ std::shared_ptr<const SearchIndex> search_index_for(const DatastoreView& v) {
   return index;
 }
 
+namespace {
+std::atomic<uint64_t> g_generation{0};
+}  // namespace
+
+uint64_t mapping_generation() { return g_generation.load(std::memory_order_acquire); }
+
 void search_index_release(const void* mapping) {
+  g_generation.fetch_add(1, std::memory_order_acq_rel);
   Registry& r = registry();
   std::shared_ptr<const SearchIndex> dropped;  // destroyed outside the lock
   std::lock_guard<std::mutex> lock(r.mutex);

@@ -116,4 +116,9 @@ std::shared_ptr<const SearchIndex> search_index_for(const DatastoreView& v);
 // Forgets the index of the mapping that starts at `mapping` (its header). Safe to call for any address.
 void search_index_release(const void* mapping);
 
+// Incremented by every search_index_release: results cached under a mapping's address (SearchCache,
+// the per-thread trie memo of search.cpp) are valid only while it is unchanged, since a later mapping
+// may reuse the address.
+uint64_t mapping_generation();
+
 }  // namespace sssd

@@ -114,3 +114,61 @@ TEST(search_cache_equals_fresh_search_with_index) {
   run_cases(3);
   unsetenv("SSSD_SEARCH_INDEX");
 }
+
+namespace {
+
+// Random short contexts (one- and two-symbol matches dominate) searched with the memo on, compared with
+// the memo off; the same contexts are searched several times so that the memo is hit.
+void compare_memo(const std::vector<sssd::DatastoreView>& views, int32_t vocab, sssd_test::Rng& rng) {
+  sssd::SearchParams p;
+  p.max_query_len = 8;
+  p.min_occurrences = static_cast<int64_t>(rng.below(6));
+  p.max_samples = 1 + static_cast<int32_t>(rng.below(40));
+  p.max_depth = 1 + static_cast<int32_t>(rng.below(6));
+  for (int i = 0; i < 200; ++i) {
+    std::vector<int32_t> ctx;
+    const auto n = 1 + rng.below(2);  // one- and two-symbol queries: the memoized ones
+    for (uint64_t j = 0; j < n; ++j) ctx.push_back(static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab))));
+    const sssd::TokenSpan span{ctx.data(), static_cast<int64_t>(ctx.size())};
+    sssd::CandidateTrie off, on;
+    sssd::set_search_memo(true);
+    sssd::search_context(views, span, p, on);  // fills the memo, or hits an entry of an earlier context
+    CHECK_EQ(on.size() >= 1, true);
+    sssd::set_search_memo(false);
+    sssd::search_context(views, span, p, off);
+    CHECK(same_trie(off, on));
+    sssd::set_search_memo(true);
+    sssd::search_context(views, span, p, on);  // a hit
+    CHECK(same_trie(off, on));
+  }
+}
+
+}  // namespace
+
+TEST(search_cache_trie_memo_equals_sampling) {
+  sssd_test::Rng rng(4);
+  // Documents of fixed length, so that files a and b have the same size and a mapping of b is likely
+  // to get the address of a released mapping of a (the memo must not serve a's tries for b).
+  auto fixed_docs = [&](int32_t vocab) {
+    sssd_test::Docs docs(30, std::vector<int32_t>(100));
+    for (auto& d : docs) {
+      for (auto& t : d) t = static_cast<int32_t>(rng.below(static_cast<uint64_t>(vocab)));
+    }
+    return docs;
+  };
+  for (int round = 0; round < 4; ++round) {
+    if (round == 2) setenv("SSSD_SEARCH_INDEX", "2,1", 1);
+    sssd_test::TempDir dir;
+    const int32_t vocab = 6;
+    sssd_test::build_file(dir.file("a.sssd"), fixed_docs(vocab), static_cast<uint64_t>(vocab));
+    sssd_test::build_file(dir.file("b.sssd"), fixed_docs(vocab), static_cast<uint64_t>(vocab));
+    for (const char* name : {"a.sssd", "b.sssd", "a.sssd"}) {
+      sssd::Datastore ds(dir.file(name));
+      compare_memo({ds.view()}, vocab, rng);
+    }
+    sssd::Datastore a(dir.file("a.sssd")), b(dir.file("b.sssd"));
+    compare_memo({a.view(), b.view()}, vocab, rng);
+  }
+  unsetenv("SSSD_SEARCH_INDEX");
+  sssd::set_search_memo(true);
+}
