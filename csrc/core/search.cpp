@@ -10,6 +10,7 @@
 #include "core/parallel.h"
 #include "core/sa_range.h"
 #include "core/search_index.h"
+#include "core/search_memo.h"
 #include "core/trie_insert.h"
 
 namespace sssd {
@@ -48,32 +49,6 @@ struct Scratch {
 Scratch& scratch() {
   static thread_local Scratch s;
   return s;
-}
-
-// Per-thread memo of the trie that sampling a one- or two-symbol suffix produces in an empty trie: the
-// most frequent case (live contexts mostly match only a few tokens, and frequent tokens recur), and
-// the same query in the same datastore always samples the same occurrences. A hit copies the trie
-// instead of reading ~max_samples scattered suffix-array entries and continuations.
-struct TrieMemo {
-  static constexpr size_t kEntries = 256;  // direct-mapped
-  struct Entry {
-    bool valid = false;
-    uint64_t generation = 0;
-    const void* shards_id = nullptr;
-    size_t num_shards = 0;
-    int32_t len = 0, max_depth = 0, max_samples = 0;
-    uint32_t q0 = 0, q1 = 0;
-    uint64_t total = 0;
-    CandidateTrie trie;
-  };
-  std::vector<Entry> entries = std::vector<Entry>(kEntries);
-};
-
-std::atomic<bool> g_memo_on{true};
-
-TrieMemo& trie_memo() {
-  static thread_local TrieMemo m;
-  return m;
 }
 
 // A window (cached range) is searched instead of the whole shard when it holds at most this many
@@ -190,35 +165,21 @@ class ContextSearch {
   // Samples the occurrences of suffix length len and inserts their continuations. Returns the number
   // of occurrences.
   uint64_t sample(int32_t len, CandidateTrie& out) {
-    TrieMemo::Entry* memo = nullptr;
-    const uint32_t q0 = sc_.query[static_cast<size_t>(max_len_ - len)];
-    const uint32_t q1 = len == 2 ? sc_.query[static_cast<size_t>(max_len_ - 1)] : 0;
-    if (len <= 2 && out.size() == 1 && out.counts[0] == 0 && g_memo_on.load(std::memory_order_relaxed)) {
-      const uint64_t h = (uint64_t{q0} * 0x9E3779B97F4A7C15ull) ^ (uint64_t{q1} * 0xC2B2AE3D27D4EB4Full) ^
-                         static_cast<uint64_t>(len);
-      memo = &trie_memo().entries[static_cast<size_t>((h >> 32) % TrieMemo::kEntries)];
-      if (memo->valid && memo->generation == generation_ && memo->shards_id == views_[0].header &&
-          memo->num_shards == views_.size() && memo->len == len && memo->q0 == q0 && memo->q1 == q1 &&
-          memo->max_depth == p_.max_depth && memo->max_samples == p_.max_samples) {
-        out = memo->trie;
-        return memo->total;
+    search_detail::MemoKey key;
+    const bool memo = len <= 2 && out.size() == 1 && out.counts[0] == 0 &&
+                      search_detail::TrieMemo::enabled().load(std::memory_order_relaxed);
+    if (memo) {
+      key = search_detail::MemoKey{generation_, views_[0].header, views_.size(), len, p_.max_depth, p_.max_samples,
+                                   sc_.query[static_cast<size_t>(max_len_ - len)],
+                                   len == 2 ? sc_.query[static_cast<size_t>(max_len_ - 1)] : 0};
+      uint64_t total = 0;
+      if (const CandidateTrie* t = search_detail::TrieMemo::for_this_thread().find(key, &total)) {
+        out = *t;
+        return total;
       }
     }
     const uint64_t n = sample_datastore(len, out);
-    if (memo != nullptr) {
-      memo->valid = false;
-      memo->trie = out;
-      memo->total = n;
-      memo->generation = generation_;
-      memo->shards_id = views_[0].header;
-      memo->num_shards = views_.size();
-      memo->len = len;
-      memo->max_depth = p_.max_depth;
-      memo->max_samples = p_.max_samples;
-      memo->q0 = q0;
-      memo->q1 = q1;
-      memo->valid = true;
-    }
+    if (memo) search_detail::TrieMemo::for_this_thread().store(key, out, n);
     return n;
   }
 
@@ -395,7 +356,7 @@ struct Indexes {
 
 }  // namespace
 
-void set_search_memo(bool on) { g_memo_on.store(on, std::memory_order_relaxed); }
+void set_search_memo(bool on) { search_detail::TrieMemo::enabled().store(on, std::memory_order_relaxed); }
 
 void search_context(const std::vector<DatastoreView>& views, TokenSpan context, const SearchParams& p,
                     CandidateTrie& out, SearchCache* cache) {

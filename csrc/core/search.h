@@ -68,7 +68,7 @@ struct SearchCache {
 void search_context(const std::vector<DatastoreView>& shards, TokenSpan context, const SearchParams& p,
                     CandidateTrie& out, SearchCache* cache = nullptr);
 
-// Turns the per-thread memo of short-suffix tries (search.cpp, TrieMemo) on (the default) or off, for
+// Turns the per-thread memo of short-suffix tries (search_memo.h) on (the default) or off, for
 // every thread; results are the same either way (tests compare them).
 void set_search_memo(bool on);
 

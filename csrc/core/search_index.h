@@ -117,7 +117,7 @@ std::shared_ptr<const SearchIndex> search_index_for(const DatastoreView& v);
 void search_index_release(const void* mapping);
 
 // Incremented by every search_index_release: results cached under a mapping's address (SearchCache,
-// the per-thread trie memo of search.cpp) are valid only while it is unchanged, since a later mapping
+// the per-thread trie memo, search_memo.h) are valid only while it is unchanged, since a later mapping
 // may reuse the address.
 uint64_t mapping_generation();
 
