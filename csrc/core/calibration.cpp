@@ -7,10 +7,6 @@
 namespace sssd {
 
 namespace {
-int32_t bucket(const std::vector<int32_t>& edges, int32_t v) {
-  const auto it = std::upper_bound(edges.begin(), edges.end(), v);
-  return std::max<int32_t>(0, static_cast<int32_t>(it - edges.begin()) - 1);
-}
 void check_edges(const std::vector<int32_t>& e, const char* what) {
   if (e.empty() || e[0] > 1) throw std::invalid_argument(std::string(what) + " must start at a value <= 1");
   for (size_t i = 1; i < e.size(); ++i) {
@@ -85,19 +81,9 @@ void Calibration::set(const std::vector<float>& values, const std::vector<double
   for (int32_t g = 0; g < static_cast<int32_t>(dirty_.size()); ++g) refit(g);
 }
 
-int32_t Calibration::group(int32_t source, int32_t depth, int32_t match_len) const {
-  const int32_t d = depth >= 0 && depth < kLut ? depth_lut_[static_cast<size_t>(depth)] : bucket(depth_edges_, depth);
-  const int32_t m =
-      match_len >= 0 && match_len < kLut ? match_lut_[static_cast<size_t>(match_len)] : bucket(match_edges_, match_len);
-  return (source * num_depth() + d) * num_match() + m;
-}
-
-float Calibration::apply(int32_t source, int32_t depth, int32_t match_len, float raw) const {
-  const float* v = values_.data() + static_cast<size_t>(group(source, depth, match_len)) * num_knots_;
-  const float t = std::min(std::max(raw, 0.0f), 1.0f) * static_cast<float>(num_knots_ - 1);
-  const int32_t k = std::min(static_cast<int32_t>(t), num_knots_ - 2);
-  const float a = t - static_cast<float>(k);
-  return v[k] + a * (v[k + 1] - v[k]);
+int32_t Calibration::bucket(const std::vector<int32_t>& edges, int32_t v) {
+  const auto it = std::upper_bound(edges.begin(), edges.end(), v);
+  return std::max<int32_t>(0, static_cast<int32_t>(it - edges.begin()) - 1);
 }
 
 void Calibration::observe(int32_t source, int32_t depth, int32_t match_len, float raw, float accepted, double weight) {

@@ -4,6 +4,7 @@
 // only the touched groups with pool-adjacent-violators, so an update costs O(observations + touched
 // groups * K). The Python side (sssd.calibration) owns the JSON format and the offline fit.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -31,8 +32,20 @@ class Calibration {
   // Replaces the table: values (monotone per group after refit) with prior weights. Sizes must match.
   void set(const std::vector<float>& values, const std::vector<double>& weights);
 
-  int32_t group(int32_t source, int32_t depth, int32_t match_len) const;
-  float apply(int32_t source, int32_t depth, int32_t match_len, float raw) const;
+  // Inline: apply runs for every candidate node of every request at every step.
+  int32_t group(int32_t source, int32_t depth, int32_t match_len) const {
+    const int32_t d = depth >= 0 && depth < kLut ? depth_lut_[static_cast<size_t>(depth)] : bucket(depth_edges_, depth);
+    const int32_t m = match_len >= 0 && match_len < kLut ? match_lut_[static_cast<size_t>(match_len)]
+                                                         : bucket(match_edges_, match_len);
+    return (source * num_depth() + d) * num_match() + m;
+  }
+  float apply(int32_t source, int32_t depth, int32_t match_len, float raw) const {
+    const float* v = values_.data() + static_cast<size_t>(group(source, depth, match_len)) * num_knots_;
+    const float t = std::min(std::max(raw, 0.0f), 1.0f) * static_cast<float>(num_knots_ - 1);
+    const int32_t k = std::min(static_cast<int32_t>(t), num_knots_ - 2);
+    const float a = t - static_cast<float>(k);
+    return v[k] + a * (v[k + 1] - v[k]);
+  }
 
   // Adds one observation (accepted = 0/1) with the given weight; the group is refit by refit_dirty().
   void observe(int32_t source, int32_t depth, int32_t match_len, float raw, float accepted, double weight = 1.0);
@@ -40,6 +53,7 @@ class Calibration {
 
  private:
   void refit(int32_t g);
+  static int32_t bucket(const std::vector<int32_t>& edges, int32_t v);  // index of the last edge <= v
   static constexpr int32_t kLut = 128;  // bucket lookup tables for depth / match length < kLut
   std::vector<int32_t> depth_edges_, match_edges_, depth_lut_, match_lut_;
   int32_t num_knots_;

@@ -54,7 +54,7 @@ void fuse(const CandidateTrie* const tries[kNumSources], const Calibration* cal,
   out.reset(root);
   // The first source is copied without sibling searches (a trie has no duplicate children); the
   // datastore, usually the largest trie, goes first.
-  static thread_local std::vector<int32_t> map;
+  std::vector<int32_t>& map = out.fuse_map;
   bool empty = true;
   for (int32_t s : {1, 0, 2}) {
     const CandidateTrie* t = tries[s];
@@ -100,48 +100,117 @@ void fuse(const CandidateTrie* const tries[kNumSources], const Calibration* cal,
 }
 
 namespace {
-struct Frontier {
-  double f;
-  int32_t node;
-  bool operator<(const Frontier& o) const { return f != o.f ? f < o.f : node > o.node; }  // max-heap
-};
+// Max-heaps keyed (value, index): the larger value first, ties to the lower index. The key order is
+// strict and total over distinct indices, so the pop order does not depend on how a heap is built.
+using HeapItem = std::pair<double, int32_t>;
+inline bool before(const HeapItem& a, const HeapItem& b) {
+  return a.first != b.first ? a.first > b.first : a.second < b.second;
+}
+void sift_down(std::vector<HeapItem>& h, size_t i) {
+  const size_t n = h.size();
+  const HeapItem x = h[i];
+  for (;;) {
+    size_t c = 2 * i + 1;
+    if (c >= n) break;
+    if (c + 1 < n && before(h[c + 1], h[c])) ++c;
+    if (!before(h[c], x)) break;
+    h[i] = h[c];
+    i = c;
+  }
+  h[i] = x;
+}
+void sift_up(std::vector<HeapItem>& h, size_t i) {
+  const HeapItem x = h[i];
+  while (i > 0) {
+    const size_t parent = (i - 1) / 2;
+    if (!before(x, h[parent])) break;
+    h[i] = h[parent];
+    i = parent;
+  }
+  h[i] = x;
+}
+void heap_push(std::vector<HeapItem>& h, HeapItem x) {
+  h.push_back(x);
+  sift_up(h, h.size() - 1);
+}
+// Replaces the top by x (or removes it when x is null) in one sift.
+void heap_replace_top(std::vector<HeapItem>& h, const HeapItem* x) {
+  if (x != nullptr) {
+    h[0] = *x;
+  } else {
+    h[0] = h.back();
+    h.pop_back();
+    if (h.empty()) return;
+  }
+  sift_down(h, 0);
+}
+
+// Best-first selection given the children of each node: for_children(v, fn) calls fn(c) for every
+// child c of v (any order).
+template <class ForChildren>
+void select_best_first(const double* f, const int32_t* depth, int32_t cap, int32_t max_depth, int32_t max_width,
+                       ForChildren&& for_children, std::vector<int32_t>& seq, SelectScratch& sc) {
+  sc.width.assign(static_cast<size_t>(std::max(max_depth, 0)) + 2, 0);
+  auto& heap = sc.heap;
+  heap.clear();
+  for_children(0, [&](int32_t c) {
+    if (depth[c] <= max_depth) heap_push(heap, {f[c], c});
+  });
+  while (!heap.empty() && static_cast<int32_t>(seq.size()) < cap) {
+    const int32_t v = heap[0].second;
+    int32_t& w = sc.width[static_cast<size_t>(depth[v])];
+    if (max_width > 0 && w >= max_width) {
+      heap_replace_top(heap, nullptr);
+      continue;
+    }
+    ++w;
+    seq.push_back(v);
+    // The popped top is replaced by v's first eligible child, the other children are pushed.
+    bool top_free = true;
+    for_children(v, [&](int32_t c) {
+      if (depth[c] > max_depth) return;
+      const HeapItem item{f[c], c};
+      if (top_free) {
+        heap_replace_top(heap, &item);
+        top_free = false;
+      } else {
+        heap_push(heap, item);
+      }
+    });
+    if (top_free) heap_replace_top(heap, nullptr);
+  }
+}
 }  // namespace
 
 void select_sequence(const int32_t* parents, const double* f, const int32_t* depth, int32_t n, int32_t cap,
                      int32_t max_depth, int32_t max_width, std::vector<int32_t>& seq) {
   seq.clear();
   if (n <= 1 || cap <= 0) return;
+  static thread_local SelectScratch scratch;
+  SelectScratch& sc = scratch;
   // Children lists (CSR), in index order.
-  static thread_local std::vector<int32_t> start, kids, fill, width;
-  start.assign(static_cast<size_t>(n) + 1, 0);
-  kids.resize(static_cast<size_t>(n));
-  for (int32_t i = 1; i < n; ++i) ++start[static_cast<size_t>(parents[i]) + 1];
-  for (int32_t i = 0; i < n; ++i) start[static_cast<size_t>(i) + 1] += start[static_cast<size_t>(i)];
-  fill.assign(start.begin(), start.end() - 1);
-  for (int32_t i = 1; i < n; ++i) kids[static_cast<size_t>(fill[static_cast<size_t>(parents[i])]++)] = i;
-  width.assign(static_cast<size_t>(std::max(max_depth, 0)) + 2, 0);
-  static thread_local std::vector<Frontier> heap;
-  heap.clear();
-  auto push_children = [&](int32_t v) {
-    for (int32_t k = start[static_cast<size_t>(v)]; k < start[static_cast<size_t>(v) + 1]; ++k) {
-      const int32_t c = kids[static_cast<size_t>(k)];
-      if (depth[c] <= max_depth) {
-        heap.push_back({f[c], c});
-        std::push_heap(heap.begin(), heap.end());
-      }
+  sc.start.assign(static_cast<size_t>(n) + 1, 0);
+  sc.kids.resize(static_cast<size_t>(n));
+  for (int32_t i = 1; i < n; ++i) ++sc.start[static_cast<size_t>(parents[i]) + 1];
+  for (int32_t i = 0; i < n; ++i) sc.start[static_cast<size_t>(i) + 1] += sc.start[static_cast<size_t>(i)];
+  sc.fill.assign(sc.start.begin(), sc.start.end() - 1);
+  for (int32_t i = 1; i < n; ++i) sc.kids[static_cast<size_t>(sc.fill[static_cast<size_t>(parents[i])]++)] = i;
+  auto for_children = [&](int32_t v, auto&& fn) {
+    for (int32_t k = sc.start[static_cast<size_t>(v)]; k < sc.start[static_cast<size_t>(v) + 1]; ++k) {
+      fn(sc.kids[static_cast<size_t>(k)]);
     }
   };
-  push_children(0);
-  while (!heap.empty() && static_cast<int32_t>(seq.size()) < cap) {
-    std::pop_heap(heap.begin(), heap.end());
-    const int32_t v = heap.back().node;
-    heap.pop_back();
-    int32_t& w = width[static_cast<size_t>(depth[v])];
-    if (max_width > 0 && w >= max_width) continue;
-    ++w;
-    seq.push_back(v);
-    push_children(v);
-  }
+  select_best_first(f, depth, cap, max_depth, max_width, for_children, seq, sc);
+}
+
+void select_sequence(const CandidateTree& t, int32_t cap, int32_t max_depth, int32_t max_width,
+                     std::vector<int32_t>& seq, SelectScratch& scratch) {
+  seq.clear();
+  if (t.size() <= 1 || cap <= 0) return;
+  auto for_children = [&](int32_t v, auto&& fn) {
+    for (int32_t c = t.first_child[static_cast<size_t>(v)]; c >= 0; c = t.next_sibling[static_cast<size_t>(c)]) fn(c);
+  };
+  select_best_first(t.f.data(), t.depth.data(), cap, max_depth, max_width, for_children, seq, scratch);
 }
 
 void allocate_budget(const std::vector<const double*>& seq_f, const std::vector<int32_t>& len, int64_t budget,
@@ -168,16 +237,24 @@ void allocate_budget(const std::vector<const double*>& seq_f, const std::vector<
       if (left(i) && need_of(i) > 0) need.push({need_of(i), -i});
     }
   }
-  std::priority_queue<Item> heap;
+  // Merge by f: a heap of each tree's next node; taking one replaces it by the tree's following node.
+  static thread_local std::vector<HeapItem> heap;
+  heap.clear();
   for (int32_t i = 0; i < b; ++i) {
-    if (left(i)) heap.push({next_f(i), -i});
+    if (left(i)) heap.push_back({next_f(i), i});
   }
+  for (size_t k = heap.size() / 2; k-- > 0;) sift_down(heap, k);
+  if (budget > static_cast<int64_t>(order.size())) order.reserve(static_cast<size_t>(budget));
   while (!heap.empty() && static_cast<int64_t>(order.size()) < budget) {
-    const int32_t i = -heap.top().second;
-    heap.pop();
+    const int32_t i = heap[0].second;
     ++taken[static_cast<size_t>(i)];
     order.push_back(i);
-    if (left(i)) heap.push({next_f(i), -i});
+    if (left(i)) {
+      const HeapItem next{next_f(i), i};
+      heap_replace_top(heap, &next);
+    } else {
+      heap_replace_top(heap, nullptr);
+    }
   }
 }
 

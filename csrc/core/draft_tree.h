@@ -7,6 +7,7 @@
 // exceeds 1. f(v) = product of p along the path from the root.
 #pragma once
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "core/calibration.h"
@@ -28,11 +29,18 @@ struct CandidateTree {
   std::vector<int8_t> source;                              // [size()] winner source (-1 for the root)
   std::vector<uint8_t> source_mask;                        // [size()] bit s: source s proposed v
   std::vector<int32_t> first_child, next_sibling;
+  std::vector<int32_t> fuse_map;                           // scratch of fuse(): trie node -> tree node
 
   void reset(int32_t root_token);
   int32_t size() const { return static_cast<int32_t>(tokens.size()); }
   int32_t child(int32_t node, int32_t token);         // finds or creates
   int32_t new_child(int32_t node, int32_t token);     // creates (the caller knows it is new)
+};
+
+// Reusable buffers of select_sequence (one per thread or per request: nothing allocated once warm).
+struct SelectScratch {
+  std::vector<int32_t> start, kids, fill, width;
+  std::vector<std::pair<double, int32_t>> heap;
 };
 
 // tries[s] may be null (source off). Calibration may be null (p_s = raw).
@@ -46,6 +54,9 @@ void fuse(const CandidateTrie* const tries[kNumSources], const Calibration* cal,
 // path). f values along the sequence never increase. parents[i] < i, node 0 is the root.
 void select_sequence(const int32_t* parents, const double* f, const int32_t* depth, int32_t n, int32_t cap,
                      int32_t max_depth, int32_t max_width, std::vector<int32_t>& seq);
+// The same on a fused tree (its child lists instead of a CSR built from the parents).
+void select_sequence(const CandidateTree& t, int32_t cap, int32_t max_depth, int32_t max_width,
+                     std::vector<int32_t>& seq, SelectScratch& scratch);
 
 // Batch-wide allocation: seq_f[i] (non-increasing, len[i] entries) are the f values of tree i's greedy
 // sequence. Returns in `order` the tree taking each rank 0, 1, ..., at most `budget` ranks.

@@ -131,11 +131,11 @@ void Drafter::set_calibration(const Calibration& c) {
   cal_ = c;
 }
 
-void Drafter::draft_one(const Request& r, int32_t cap, Scratch& s) const {
+void Drafter::draft_one(const Request& r, int32_t cap, Work& s, Draft& d) const {
   const std::vector<int32_t>& ctx = r.context(params_.use_input);
   const auto len = static_cast<int64_t>(ctx.size());
   const CandidateTrie* tries[kNumSources] = {nullptr, nullptr, nullptr};
-  s.docs_used.clear();
+  d.docs_used.clear();
   if (params_.use_input) {
     s.tries[0].reset(ctx.back());
     r.index.find(ctx.data(), len, len - 1, params_.input, s.occ);
@@ -143,13 +143,13 @@ void Drafter::draft_one(const Request& r, int32_t cap, Scratch& s) const {
     tries[0] = &s.tries[0];
   }
   if (params_.use_datastore && !shards_.empty()) {
-    search_context(shards_, TokenSpan{ctx.data(), len}, params_.search, s.tries[1]);
+    search_context(shards_, TokenSpan{ctx.data(), len}, params_.search, s.tries[1], &r.ds_cache);
     tries[1] = &s.tries[1];
   }
   if (params_.use_pool && pool_.live_tokens() > 0) {
     s.tries[2].reset(ctx.back());
     pool_.index().find(ctx.data(), len, pool_.index().size(), params_.pool, s.occ);
-    pool_.index().add_continuations(s.occ, params_.pool, s.tries[2], &s.docs_used);
+    pool_.index().add_continuations(s.occ, params_.pool, s.tries[2], &d.docs_used);
     tries[2] = &s.tries[2];
   }
   if (tries[0] == nullptr && tries[1] == nullptr && tries[2] == nullptr) {
@@ -157,10 +157,30 @@ void Drafter::draft_one(const Request& r, int32_t cap, Scratch& s) const {
     tries[0] = &s.tries[0];
   }
   fuse(tries, params_.calibrated ? &cal_ : nullptr, params_.fusion, s.tree);
-  select_sequence(s.tree.parents.data(), s.tree.f.data(), s.tree.depth.data(), s.tree.size(), cap,
-                  params_.max_depth, params_.max_width, s.seq);
-  s.seq_f.resize(s.seq.size());
-  for (size_t k = 0; k < s.seq.size(); ++k) s.seq_f[k] = s.tree.f[static_cast<size_t>(s.seq[k])];
+  select_sequence(s.tree, cap, params_.max_depth, params_.max_width, s.seq, s.select);
+  // Keep the root and the selected nodes (parents come first in the sequence).
+  const CandidateTree& t = s.tree;
+  const size_t m = s.seq.size() + 1;
+  s.pos.resize(static_cast<size_t>(t.size()));
+  for (auto* v : {&d.tokens, &d.parent_pos, &d.depth, &d.match_len}) v->resize(m);
+  d.p.resize(m);
+  d.raw.resize(m);
+  d.f.resize(m);
+  d.source.resize(m);
+  d.source_mask.resize(m);
+  for (size_t k = 0; k < m; ++k) {
+    const int32_t v = k == 0 ? 0 : s.seq[k - 1];
+    s.pos[static_cast<size_t>(v)] = static_cast<int32_t>(k);
+    d.parent_pos[k] = k == 0 ? -1 : s.pos[static_cast<size_t>(t.parents[v])];
+    d.tokens[k] = t.tokens[v];
+    d.depth[k] = t.depth[v];
+    d.match_len[k] = t.match_len[v];
+    d.p[k] = t.p[v];
+    d.raw[k] = t.raw[v];
+    d.f[k] = t.f[v];
+    d.source[k] = t.source[v];
+    d.source_mask[k] = t.source_mask[v];
+  }
 }
 
 void Drafter::propose(const int64_t* rids, int64_t b, const int64_t* budgets, bool per_request, const double* tpot,
@@ -173,57 +193,65 @@ void Drafter::propose(const int64_t* rids, int64_t b, const int64_t* budgets, bo
     reqs[static_cast<size_t>(i)] = &get(rids[i]);
   }
   const int64_t global = per_request ? 0 : budgets[0];
-  if (static_cast<int64_t>(scratch_.size()) < b) scratch_.resize(static_cast<size_t>(b));
+  if (static_cast<int64_t>(drafts_.size()) < b) drafts_.resize(static_cast<size_t>(b));
+  if (work_.size() < static_cast<size_t>(max_threads())) work_.resize(static_cast<size_t>(max_threads()));
   parallel_for(b, [&](int64_t i) {
     const int64_t want = per_request ? budgets[i] : global;
     const auto cap = static_cast<int32_t>(std::min<int64_t>(want, params_.max_tree_nodes));
-    draft_one(*reqs[static_cast<size_t>(i)], cap, scratch_[static_cast<size_t>(i)]);
+    draft_one(*reqs[static_cast<size_t>(i)], cap, work_[static_cast<size_t>(thread_index())],
+              drafts_[static_cast<size_t>(i)]);
   });
   std::vector<const double*> seq_f(static_cast<size_t>(b));
   std::vector<int32_t> lens(static_cast<size_t>(b));
   int64_t total = 0;
   for (int64_t i = 0; i < b; ++i) {
-    seq_f[static_cast<size_t>(i)] = scratch_[static_cast<size_t>(i)].seq_f.data();
-    lens[static_cast<size_t>(i)] = static_cast<int32_t>(scratch_[static_cast<size_t>(i)].seq.size());
+    seq_f[static_cast<size_t>(i)] = drafts_[static_cast<size_t>(i)].f.data() + 1;
+    lens[static_cast<size_t>(i)] = drafts_[static_cast<size_t>(i)].size() - 1;
     total += lens[static_cast<size_t>(i)];
   }
   std::vector<int32_t> order;
   allocate_budget(seq_f, lens, per_request ? total : global, tpot, step_time, slack, order);
 
   // Nodes of tree i: the root, then the first taken[i] of its sequence (connected, parents first).
-  std::vector<int32_t> taken(static_cast<size_t>(b), 0), rank_of;
-  std::vector<std::vector<int32_t>> ranks(static_cast<size_t>(b));
-  for (size_t r = 0; r < order.size(); ++r) ranks[static_cast<size_t>(order[r])].push_back(static_cast<int32_t>(r));
+  // rank_list[rank_start[i] ..] = the ranks tree i took, increasing (a flat bucket sort of `order`).
+  std::vector<int32_t> rank_start(static_cast<size_t>(b) + 1, 0), rank_list(order.size());
+  for (int32_t t : order) ++rank_start[static_cast<size_t>(t) + 1];
+  for (int64_t i = 0; i < b; ++i) rank_start[static_cast<size_t>(i) + 1] += rank_start[static_cast<size_t>(i)];
+  {
+    std::vector<int32_t> fill(rank_start.begin(), rank_start.end() - 1);
+    for (size_t r = 0; r < order.size(); ++r) {
+      rank_list[static_cast<size_t>(fill[static_cast<size_t>(order[r])]++)] = static_cast<int32_t>(r);
+    }
+  }
   const size_t n_total = static_cast<size_t>(b) + order.size();
   out = ProposeOutput();
-  out.tokens.reserve(n_total);
+  for (auto* v : {&out.tokens, &out.parents, &out.depth, &out.match_len, &out.rank}) v->reserve(n_total);
+  for (auto* v : {&out.probs, &out.raw, &out.acc}) v->reserve(n_total);
+  out.source.reserve(n_total);
+  out.source_mask.reserve(n_total);
+  out.offsets.reserve(static_cast<size_t>(b) + 1);
+  out.context_len.reserve(static_cast<size_t>(b));
+  out.gain.reserve(order.size() + 1);
   out.offsets.assign(1, 0);
   out.gain.assign(1, 0.0);
   std::vector<double> f_of_rank(order.size());
-  std::vector<int32_t> local;
   for (int64_t i = 0; i < b; ++i) {
-    const Scratch& s = scratch_[static_cast<size_t>(i)];
-    const CandidateTree& t = s.tree;
-    const auto& rk = ranks[static_cast<size_t>(i)];
-    local.assign(static_cast<size_t>(t.size()), -1);
-    auto emit = [&](int32_t v, int32_t parent, int32_t rank) {
-      local[static_cast<size_t>(v)] = static_cast<int32_t>(out.tokens.size() - static_cast<size_t>(out.offsets.back()));
-      out.tokens.push_back(t.tokens[v]);
-      out.parents.push_back(parent);
-      out.depth.push_back(t.depth[v]);
-      out.match_len.push_back(t.match_len[v]);
-      out.rank.push_back(rank);
-      out.probs.push_back(t.p[v]);
-      out.raw.push_back(t.raw[v]);
-      out.acc.push_back(static_cast<float>(t.f[v]));
-      out.source.push_back(t.source[v]);
-      out.source_mask.push_back(t.source_mask[v]);
-    };
-    emit(0, -1, -1);
-    for (size_t k = 0; k < rk.size(); ++k) {
-      const int32_t v = s.seq[k];
-      emit(v, local[static_cast<size_t>(t.parents[v])], rk[k]);
-      f_of_rank[static_cast<size_t>(rk[k])] = t.f[v];
+    const Draft& d = drafts_[static_cast<size_t>(i)];
+    const int32_t* rk = rank_list.data() + rank_start[static_cast<size_t>(i)];
+    const auto taken = static_cast<size_t>(rank_start[static_cast<size_t>(i) + 1] - rank_start[static_cast<size_t>(i)]);
+    // The root, then the first `taken` of the sequence: a prefix of the draft.
+    for (size_t k = 0; k <= taken; ++k) {
+      out.tokens.push_back(d.tokens[k]);
+      out.parents.push_back(d.parent_pos[k]);
+      out.depth.push_back(d.depth[k]);
+      out.match_len.push_back(d.match_len[k]);
+      out.rank.push_back(k == 0 ? -1 : rk[k - 1]);
+      out.probs.push_back(d.p[k]);
+      out.raw.push_back(d.raw[k]);
+      out.acc.push_back(static_cast<float>(d.f[k]));
+      out.source.push_back(d.source[k]);
+      out.source_mask.push_back(d.source_mask[k]);
+      if (k > 0) f_of_rank[static_cast<size_t>(rk[k - 1])] = d.f[k];
     }
     out.offsets.push_back(static_cast<int64_t>(out.tokens.size()));
     out.context_len.push_back(static_cast<int64_t>(reqs[static_cast<size_t>(i)]->context(params_.use_input).size()));
@@ -231,7 +259,7 @@ void Drafter::propose(const int64_t* rids, int64_t b, const int64_t* budgets, bo
   for (double f : f_of_rank) out.gain.push_back(out.gain.back() + f);
   ++stamp_;
   for (int64_t i = 0; i < b; ++i) {
-    for (int32_t d : scratch_[static_cast<size_t>(i)].docs_used) pool_.touch(d, stamp_);
+    for (int32_t d : drafts_[static_cast<size_t>(i)].docs_used) pool_.touch(d, stamp_);
   }
 }
 

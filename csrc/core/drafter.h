@@ -93,20 +93,36 @@ class Drafter {
     std::vector<int32_t> plain;  // the context when the input source is off
     int64_t prompt_len = 0;
     Pending pending;
+    // The datastore search of the last propose (its ranges speed up the next one). Mutable: propose
+    // (under the mutex) drafts each request on exactly one thread.
+    mutable SearchCache ds_cache;
     explicit Request(int32_t max_n) : index(max_n) {}
     const std::vector<int32_t>& context(bool indexed) const { return indexed ? index.tokens() : plain; }
   };
-  struct Scratch {
+  // Working buffers of one thread (tries, fused tree): reused request after request, so they stay in
+  // the cache whatever the batch size.
+  struct Work {
     CandidateTrie tries[kNumSources];
     std::vector<Occurrence> occ;
-    std::vector<int32_t> docs_used, seq;
     CandidateTree tree;
-    std::vector<double> seq_f;
+    SelectScratch select;
+    std::vector<int32_t> seq, pos;
+  };
+  // What propose keeps of one request's tree: the root, then the selected sequence in best-first
+  // order, with each node's fields and the position of its parent in this list. [size()] each.
+  struct Draft {
+    std::vector<int32_t> tokens, parent_pos, depth, match_len;
+    std::vector<float> p, raw;
+    std::vector<double> f;
+    std::vector<int8_t> source;
+    std::vector<uint8_t> source_mask;
+    std::vector<int32_t> docs_used;  // pool documents the request's tree used
+    int32_t size() const { return static_cast<int32_t>(tokens.size()); }
   };
 
   void check_tokens(const int32_t* tokens, int64_t n) const;
   void append(Request& r, const int32_t* tokens, int64_t n);
-  void draft_one(const Request& r, int32_t cap, Scratch& s) const;
+  void draft_one(const Request& r, int32_t cap, Work& w, Draft& d) const;
   bool record(const Request& r, const TreeView& t, int64_t context_len, int64_t accepted, bool strict);
   Request& get(int64_t rid);
 
@@ -115,7 +131,8 @@ class Drafter {
   std::unordered_map<int64_t, Request> requests_;
   RecentPool pool_;
   Calibration cal_;
-  std::vector<Scratch> scratch_;
+  std::vector<Work> work_;    // [threads]
+  std::vector<Draft> drafts_;  // [batch]
   int64_t stamp_ = 0;
   std::mutex mutex_;
 };

@@ -21,6 +21,15 @@ inline int max_threads() {
 #endif
 }
 
+// The calling thread's index in the current parallel_for team: [0, max_threads()); 0 outside one.
+inline int thread_index() {
+#if SSSD_HAVE_OPENMP
+  return omp_get_thread_num();
+#else
+  return 0;
+#endif
+}
+
 // Calls fn(i) for i in [0, n). Runs serially when n < min_parallel (thread start-up costs more than the
 // work for tiny batches). The first exception thrown by any iteration is rethrown on the caller's thread;
 // remaining iterations are skipped once one failed.

@@ -12,6 +12,7 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <stdexcept>
 #include <vector>
 
 #include "core/datastore.h"
@@ -216,6 +217,7 @@ void find_ranges(const TypedShard<Sym, Idx>& sh, const SearchIndex* index, const
       const uint32_t* q = query_end - lengths[s];
       uint32_t begin = index->bucket_begin(q[0]), end = index->bucket_begin(q[0] + 1);
       const bool pair = lengths[s] >= 2 && index->pair_range(q[0], q[1], &begin, &end);
+      if (lengths[s] == 1 && index->single_range(q[0], &out[s].lo, &out[s].hi)) continue;
       if (lengths[s] == 1 || (lengths[s] == 2 && pair)) {
         to_gap(Cursor{begin, begin, 0, 0, 0, 0, s, Cursor::kLower});
         to_gap(Cursor{end, end, 0, 0, 0, 0, s, Cursor::kUpper});
@@ -234,6 +236,34 @@ void find_ranges(const TypedShard<Sym, Idx>& sh, const SearchIndex* index, const
     KeyProbe<Sym, Idx> probe{sh, index->keys<Sym>(), stride};
     lockstep(cursors, lengths, query_end, probe, to_gap);
     cursors.swap(next);
+  }
+  SaProbe<Sym, Idx> probe{sh};
+  lockstep(cursors, lengths, query_end, probe, record);
+  if (buckets) {
+    for (int32_t s = 0; s < n; ++s) {
+      if (lengths[s] == 1) index->remember_single(*(query_end - 1), out[s].lo, out[s].hi);
+    }
+  }
+}
+
+// Like find_ranges, but the range of q_s is known to lie inside windows[s] (suffix-array indices of this
+// shard), whose suffixes all share their first lcps[s] symbols with q_s: a plain binary search inside
+// the window that starts comparing at symbol lcps[s]. No SearchIndex (the window is small).
+template <class Sym, class Idx>
+void find_ranges_within(const TypedShard<Sym, Idx>& sh, const uint32_t* query_end, const int32_t* lengths,
+                        int32_t n, const Range* windows, const int32_t* lcps, Range* out,
+                        std::vector<Cursor>& cursors) {
+  cursors.clear();
+  auto record = [&](const Cursor& c) {
+    if (c.kind != Cursor::kUpper) out[c.slot].lo = c.lo;
+    if (c.kind != Cursor::kLower) out[c.slot].hi = c.lo;
+  };
+  for (int32_t s = 0; s < n; ++s) {
+    const Range w = windows[s];
+    if (w.hi > sh.num_suffixes || w.lo > w.hi) throw std::logic_error("search window outside the suffix array");
+    out[s] = Range{w.lo, w.lo};
+    if (w.lo == w.hi) continue;
+    cursors.push_back(Cursor{w.lo, w.hi, 0, 0, lcps[s], lcps[s], s, Cursor::kJoint});
   }
   SaProbe<Sym, Idx> probe{sh};
   lockstep(cursors, lengths, query_end, probe, record);

@@ -1,12 +1,16 @@
 #include "core/search.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
 #include "core/parallel.h"
 #include "core/sa_range.h"
 #include "core/search_index.h"
+#include "core/search_memo.h"
 #include "core/trie_insert.h"
 
 namespace sssd {
@@ -35,6 +39,8 @@ struct Scratch {
   std::vector<Range> ranges;                      // [(max_len + 1) * shards]
   std::vector<Range> round_ranges;                // [lengths in a round]
   std::vector<int32_t> lengths;                   // lengths of the current round
+  std::vector<int32_t> full_lengths, win_lengths, win_slots, win_lcps;  // one shard's round, split
+  std::vector<Range> windows, full_out, win_out;
   std::vector<search_detail::Cursor> cursors, next_cursors;
   std::vector<uint64_t> run;                      // suffix-array indices of one sampled run
   search_detail::RunScratch insert;
@@ -45,36 +51,77 @@ Scratch& scratch() {
   return s;
 }
 
+// A window (cached range) is searched instead of the whole shard when it holds at most this many
+// sample strides' worth of suffixes (a window search reads the suffix array and stream at every step;
+// the index search reads in-memory keys first and the mapped file only for log2(stride) steps).
+constexpr uint64_t kWindowStrides = 2;
+
 class ContextSearch {
  public:
   ContextSearch(const std::vector<DatastoreView>& views, const std::vector<const SearchIndex*>& indexes,
-                const SearchParams& p, uint64_t vocab, int32_t max_len, Scratch& sc)
-      : views_(views), indexes_(indexes), p_(p), vocab_(vocab), max_len_(max_len), sc_(sc) {
+                const SearchParams& p, uint64_t vocab, int32_t max_len, Scratch& sc, const SearchCache* prev,
+                int64_t grown)
+      : views_(views), indexes_(indexes), p_(p), vocab_(vocab), max_len_(max_len), sc_(sc), prev_(prev),
+        grown_(grown) {
     const size_t n = static_cast<size_t>(max_len) + 1;
     sc.known.assign(n, 0);
     sc.totals.assign(n, 0);
     sc.ranges.resize(n * views.size());
     sc.insert.index.clear();
+    if (prev_ == nullptr) return;
+    // Lengths known without a search: no occurrence (empty window), or the same query (nothing grown).
+    for (int32_t len = 1; len <= max_len; ++len) {
+      const int32_t l0 = prev_len(len);
+      if (l0 < 0) continue;
+      const uint64_t t0 = prev_->totals[static_cast<size_t>(l0)];
+      if (t0 != 0 && grown_ != 0) continue;
+      sc.known[static_cast<size_t>(len)] = 1;
+      sc.totals[static_cast<size_t>(len)] = t0;
+      for (size_t s = 0; s < views.size(); ++s) sc.ranges[static_cast<size_t>(len) * views.size() + s] = prev_window(l0, s);
+    }
   }
 
   uint64_t total(int32_t len) const { return sc_.totals[static_cast<size_t>(len)]; }
   bool known(int32_t len) const { return sc_.known[static_cast<size_t>(len)] != 0; }
 
-  // Searches the ranges of sc_.lengths in every shard.
+  // Searches the ranges of sc_.lengths in every shard: inside the cached window where there is a small
+  // one, else from scratch.
   void compute_round() {
-    const auto n = static_cast<int32_t>(sc_.lengths.size());
-    sc_.round_ranges.resize(sc_.lengths.size());
     const uint32_t* query_end = sc_.query.data() + max_len_;
     for (size_t s = 0; s < views_.size(); ++s) {
-      search_detail::with_typed_shard(views_[s], [&](const auto& sh) {
-        search_detail::find_ranges(sh, indexes_[s], query_end, sc_.lengths.data(), n, sc_.round_ranges.data(),
-                                   sc_.cursors, sc_.next_cursors);
-      });
-      for (int32_t j = 0; j < n; ++j) {
-        const auto len = static_cast<size_t>(sc_.lengths[static_cast<size_t>(j)]);
-        sc_.ranges[len * views_.size() + s] = sc_.round_ranges[static_cast<size_t>(j)];
-        sc_.totals[len] += sc_.round_ranges[static_cast<size_t>(j)].count();
+      sc_.full_lengths.clear();
+      sc_.win_lengths.clear();
+      sc_.win_slots.clear();
+      sc_.win_lcps.clear();
+      sc_.windows.clear();
+      const uint64_t limit = indexes_[s] != nullptr ? kWindowStrides * indexes_[s]->stride() : UINT64_MAX;
+      for (int32_t len : sc_.lengths) {
+        const int32_t l0 = prev_len(len);
+        const Range w = l0 >= 0 ? prev_window(l0, s) : Range{};
+        if (l0 >= 0 && w.count() <= limit) {
+          sc_.win_lengths.push_back(len);
+          sc_.windows.push_back(w);
+          sc_.win_lcps.push_back(l0);
+        } else {
+          sc_.full_lengths.push_back(len);
+        }
       }
+      sc_.full_out.resize(sc_.full_lengths.size());
+      sc_.win_out.resize(sc_.win_lengths.size());
+      search_detail::with_typed_shard(views_[s], [&](const auto& sh) {
+        if (!sc_.full_lengths.empty()) {
+          search_detail::find_ranges(sh, indexes_[s], query_end, sc_.full_lengths.data(),
+                                     static_cast<int32_t>(sc_.full_lengths.size()), sc_.full_out.data(),
+                                     sc_.cursors, sc_.next_cursors);
+        }
+        if (!sc_.win_lengths.empty()) {
+          search_detail::find_ranges_within(sh, query_end, sc_.win_lengths.data(),
+                                            static_cast<int32_t>(sc_.win_lengths.size()), sc_.windows.data(),
+                                            sc_.win_lcps.data(), sc_.win_out.data(), sc_.cursors);
+        }
+      });
+      store(sc_.full_lengths, sc_.full_out, s);
+      store(sc_.win_lengths, sc_.win_out, s);
     }
     for (int32_t len : sc_.lengths) sc_.known[static_cast<size_t>(len)] = 1;
   }
@@ -83,16 +130,10 @@ class ContextSearch {
   // monotone in the length, so this is a search over lengths; each round probes up to
   // kLengthsPerRound lengths spread over the open interval (all of them when it is short enough).
   int32_t longest_match() {
-    int32_t lo = p_.min_query_len, hi = max_len_;  // answer in [lo, hi] once total(lo) > 0
-    // First round: the shortest lengths (live contexts mostly match only a few tokens) and the longest
-    // (a context copied from the corpus matches in full); later rounds fill in between.
-    sc_.lengths.clear();
-    for (int32_t len = lo; len <= hi && len < lo + kShortLengthsFirst; ++len) sc_.lengths.push_back(len);
-    if (sc_.lengths.back() != hi) sc_.lengths.push_back(hi);
-    for (;;) {
-      compute_round();
-      if (total(p_.min_query_len) == 0) return 0;
-      for (int32_t len = lo + 1; len <= hi; ++len) {
+    const int32_t min_len = p_.min_query_len;
+    int32_t lo = min_len - 1, hi = max_len_;  // total(lo) > 0 once lo >= min_len; total(hi + 1) == 0
+    for (bool first = true;; first = false) {
+      for (int32_t len = std::max(lo + 1, min_len); len <= hi; ++len) {  // narrow by the known lengths
         if (!known(len)) continue;
         if (total(len) > 0) {
           lo = len;
@@ -101,18 +142,53 @@ class ContextSearch {
           break;
         }
       }
+      if (hi < min_len) return 0;
       if (lo == hi) return lo;
       sc_.lengths.clear();
-      pick_lengths(lo, hi, kLengthsPerRound);
+      if (first && prev_len(hi) >= 0) {
+        // The previous match extended by the new tokens, when it still occurs, is the answer: one
+        // search inside its (small) cached window.
+        sc_.lengths.push_back(hi);
+      } else if (lo < min_len) {
+        // Nothing known to occur yet. The shortest lengths (live contexts mostly match only a few
+        // tokens) and the longest (a context copied from the corpus matches in full); later rounds
+        // fill in between. Every length in [min_len, hi] is unknown here.
+        for (int32_t len = min_len; len <= hi && len < min_len + kShortLengthsFirst; ++len) sc_.lengths.push_back(len);
+        if (sc_.lengths.back() != hi) sc_.lengths.push_back(hi);
+      } else {
+        pick_lengths(lo, hi, kLengthsPerRound);
+      }
+      compute_round();
     }
   }
 
   // Samples the occurrences of suffix length len and inserts their continuations. Returns the number
   // of occurrences.
   uint64_t sample(int32_t len, CandidateTrie& out) {
+    search_detail::MemoKey key;
+    const bool memo = len <= 2 && out.size() == 1 && out.counts[0] == 0 &&
+                      search_detail::TrieMemo::enabled().load(std::memory_order_relaxed);
+    if (memo) {
+      key = search_detail::MemoKey{generation_, views_[0].header, views_.size(), len, p_.max_depth, p_.max_samples,
+                                   sc_.query[static_cast<size_t>(max_len_ - len)],
+                                   len == 2 ? sc_.query[static_cast<size_t>(max_len_ - 1)] : 0};
+      uint64_t total = 0;
+      if (const CandidateTrie* t = search_detail::TrieMemo::for_this_thread().find(key, &total)) {
+        out = *t;
+        return total;
+      }
+    }
+    const uint64_t n = sample_datastore(len, out);
+    if (memo) search_detail::TrieMemo::for_this_thread().store(key, out, n);
+    return n;
+  }
+
+  uint64_t sample_datastore(int32_t len, CandidateTrie& out) {
     if (!known(len)) {  // search a round of shorter lengths as well: they may be needed next
+      // (fewer with a cache: its window searches are cheap one at a time)
+      const int32_t span = prev_ != nullptr ? kShortLengthsFirst : kLengthsPerRound;
       sc_.lengths.clear();
-      for (int32_t l = len; l >= p_.min_query_len && l > len - kLengthsPerRound; --l) {
+      for (int32_t l = len; l >= p_.min_query_len && l > len - span; --l) {
         if (!known(l)) sc_.lengths.push_back(l);
       }
       compute_round();
@@ -140,7 +216,42 @@ class ContextSearch {
     return n;
   }
 
+  // Stores the ranges found so far in `cache` (for the context's next search).
+  void save(SearchCache& cache) const {
+    const size_t n = static_cast<size_t>(max_len_) + 1, m = views_.size();
+    cache.max_len = max_len_;
+    cache.query.assign(sc_.query.begin(), sc_.query.begin() + max_len_);
+    cache.known.assign(sc_.known.begin(), sc_.known.begin() + static_cast<std::ptrdiff_t>(n));
+    cache.totals.assign(sc_.totals.begin(), sc_.totals.begin() + static_cast<std::ptrdiff_t>(n));
+    cache.bounds.resize(2 * n * m);
+    for (size_t i = 0; i < n * m; ++i) {
+      cache.bounds[2 * i] = sc_.ranges[i].lo;
+      cache.bounds[2 * i + 1] = sc_.ranges[i].hi;
+    }
+  }
+
  private:
+  // The cached length whose range contains that of suffix length len (same symbols minus the grown
+  // tail), or -1 when there is none.
+  int32_t prev_len(int32_t len) const {
+    if (prev_ == nullptr) return -1;
+    const int64_t l0 = static_cast<int64_t>(len) - grown_;
+    if (l0 < 1 || l0 > prev_->max_len || prev_->known[static_cast<size_t>(l0)] == 0) return -1;
+    return static_cast<int32_t>(l0);
+  }
+  Range prev_window(int32_t l0, size_t s) const {
+    const size_t i = static_cast<size_t>(l0) * views_.size() + s;
+    return Range{prev_->bounds[2 * i], prev_->bounds[2 * i + 1]};
+  }
+
+  void store(const std::vector<int32_t>& lengths, const std::vector<Range>& found, size_t s) {
+    for (size_t j = 0; j < lengths.size(); ++j) {
+      const auto len = static_cast<size_t>(lengths[j]);
+      sc_.ranges[len * views_.size() + s] = found[j];
+      sc_.totals[len] += found[j].count();
+    }
+  }
+
   void pick_lengths(int32_t lo, int32_t hi, int32_t max_count) {
     const int32_t width = hi - lo;  // candidates lo + 1 .. hi
     if (width <= 0) return;
@@ -169,11 +280,34 @@ class ContextSearch {
   uint64_t vocab_;
   int32_t max_len_;
   Scratch& sc_;
+  const SearchCache* prev_;  // a cache that fits this context, or null
+  int64_t grown_;            // tokens appended since the cached search
+  uint64_t generation_ = mapping_generation();
 };
+
+// Whether `cache` holds a search of a prefix of this context in these shards: its query symbols are
+// the context's symbols just before the cached length.
+bool cache_fits(const SearchCache& cache, const std::vector<DatastoreView>& views, const std::vector<uint32_t>& query,
+                int32_t max_len, TokenSpan context) {
+  if (cache.context_len < 0 || cache.context_len > context.size || cache.num_shards != views.size() ||
+      cache.shards_id != views[0].header || cache.generation != mapping_generation()) {
+    return false;
+  }
+  const int64_t grown = context.size - cache.context_len;
+  for (int32_t j = 0; j < cache.max_len; ++j) {
+    // Context position cache.context_len - cache.max_len + j; it is inside the current query when
+    // grown + cache.max_len - j <= max_len, else read (and convert) from the context.
+    const int64_t back = grown + cache.max_len - j;  // distance from the context's end
+    const uint32_t sym = back <= max_len ? query[static_cast<size_t>(max_len - back)]
+                                         : static_cast<uint32_t>(context.data[context.size - back]) + 1;
+    if (sym != cache.query[static_cast<size_t>(j)]) return false;
+  }
+  return true;
+}
 
 // indexes[s]: the SearchIndex of views[s], or nullptr.
 void search_one(const std::vector<DatastoreView>& views, const std::vector<const SearchIndex*>& indexes,
-                TokenSpan context, const SearchParams& p, CandidateTrie& out) {
+                TokenSpan context, const SearchParams& p, CandidateTrie& out, SearchCache* cache) {
   out.reset(context.size > 0 ? context.data[context.size - 1] : -1);
   if (views.empty()) return;
   const uint64_t vocab = views[0].header->vocab_size;
@@ -191,11 +325,20 @@ void search_one(const std::vector<DatastoreView>& views, const std::vector<const
   }
   if (max_len < p.min_query_len || p.max_samples == 0) return;
 
-  ContextSearch search(views, indexes, p, vocab, max_len, sc);
+  const bool fits = cache != nullptr && cache_fits(*cache, views, sc.query, max_len, context);
+  ContextSearch search(views, indexes, p, vocab, max_len, sc, fits ? cache : nullptr,
+                       fits ? context.size - cache->context_len : 0);
   const int32_t longest = search.longest_match();
   for (int32_t len = longest; len >= p.min_query_len && longest > 0; --len) {
     const uint64_t n = search.sample(len, out);
     if (static_cast<int64_t>(n) >= p.min_occurrences) break;
+  }
+  if (cache != nullptr) {
+    search.save(*cache);
+    cache->context_len = context.size;
+    cache->shards_id = views[0].header;
+    cache->num_shards = views.size();
+    cache->generation = mapping_generation();
   }
 }
 
@@ -213,10 +356,12 @@ struct Indexes {
 
 }  // namespace
 
+void set_search_memo(bool on) { search_detail::TrieMemo::enabled().store(on, std::memory_order_relaxed); }
+
 void search_context(const std::vector<DatastoreView>& views, TokenSpan context, const SearchParams& p,
-                    CandidateTrie& out) {
+                    CandidateTrie& out, SearchCache* cache) {
   const Indexes indexes(views);
-  search_one(views, indexes.raw, context, p, out);
+  search_one(views, indexes.raw, context, p, out, cache);
 }
 
 void search_batch(const std::vector<DatastoreView>& shards, const std::vector<TokenSpan>& contexts,
@@ -226,7 +371,7 @@ void search_batch(const std::vector<DatastoreView>& shards, const std::vector<To
   if (contexts.empty()) return;
   const Indexes indexes(shards);
   parallel_for(static_cast<int64_t>(contexts.size()), [&](int64_t i) {
-    search_one(shards, indexes.raw, contexts[static_cast<size_t>(i)], p, out[static_cast<size_t>(i)]);
+    search_one(shards, indexes.raw, contexts[static_cast<size_t>(i)], p, out[static_cast<size_t>(i)], nullptr);
   });
 }
 

@@ -14,7 +14,13 @@
 //   keys, first-symbol and symbol-pair tables) and only its last steps read the mapped file;
 // - continuations sampled from one range arrive sorted, so insertion reuses the previous path and
 //   needs a child lookup only under nodes that existed before the range (trie_insert.h);
-// - per-thread scratch buffers: no allocation per context beyond the output trie.
+// - per-thread scratch buffers: no allocation per context beyond the output trie;
+// - optionally (SearchCache), a request's previous search is reused: when the context grew by n tokens
+//   since, the occurrences of its suffix of length L are a sub-range of those of the previous context's
+//   suffix of length L - n, so the new range is binary-searched inside that small window (reading one
+//   new symbol per probe), lengths whose window is empty are known to have no occurrence, and the
+//   longest match is at most the previous one + n: usually one cheap probe finds it;
+// - the trie of a one- or two-symbol suffix sampled into an empty trie is memoized per thread.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -39,10 +45,32 @@ struct TokenSpan {
   int64_t size;
 };
 
+// The suffix-array ranges found by one search of one context, to speed up the search of the same
+// context after tokens were appended (a request's next step). Only a cache: the result is the same with
+// or without it. It checks itself (same shards, and the new context starts with the cached context's
+// last query symbols), so a shrunk or unrelated context just searches from scratch.
+struct SearchCache {
+  int64_t context_len = -1;        // context length of the cached search; -1: empty
+  int32_t max_len = 0;             // query length of the cached search
+  const void* shards_id = nullptr;  // the first shard's header, and the number of shards
+  size_t num_shards = 0;
+  uint64_t generation = 0;         // mapping_generation() when stored
+  std::vector<uint32_t> query;     // [max_len] the cached query's symbols (token + 1)
+  std::vector<uint8_t> known;      // [max_len + 1] range of this length was computed
+  std::vector<uint64_t> totals;    // [max_len + 1] its occurrences over all shards
+  std::vector<uint64_t> bounds;    // [(max_len + 1) * num_shards * 2] lo, hi per (length, shard)
+  void clear() { context_len = -1; }
+};
+
 // Shards must share the vocabulary size (checked by the caller). Throws std::invalid_argument for a
-// context token outside [0, vocab_size) and DatastoreError for a corrupt suffix-array entry.
+// context token outside [0, vocab_size) and DatastoreError for a corrupt suffix-array entry. With a
+// cache: reads it (when it fits this context) and stores this search in it.
 void search_context(const std::vector<DatastoreView>& shards, TokenSpan context, const SearchParams& p,
-                    CandidateTrie& out);
+                    CandidateTrie& out, SearchCache* cache = nullptr);
+
+// Turns the per-thread memo of short-suffix tries (search_memo.h) on (the default) or off, for
+// every thread; results are the same either way (tests compare them).
+void set_search_memo(bool on);
 
 // One trie per context, contexts searched in parallel (no Python objects are touched).
 void search_batch(const std::vector<DatastoreView>& shards, const std::vector<TokenSpan>& contexts,

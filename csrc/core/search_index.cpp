@@ -103,6 +103,11 @@ SearchIndex::SearchIndex(const DatastoreView& v, uint64_t stride)
     }
     for (size_t x = 1; x < buckets_.size(); ++x) buckets_[x] += buckets_[x - 1];
     build_pairs();
+    if (v.header->num_tokens < 0xffffffffu) {  // packed (lo, hi) words
+      num_singles_ = symbols;
+      singles_.reset(new std::atomic<uint64_t>[static_cast<size_t>(symbols)]);
+      for (uint64_t x = 0; x < symbols; ++x) singles_[x].store(kUnknown, std::memory_order_relaxed);
+    }
   }
 }
 
@@ -147,7 +152,14 @@ std::shared_ptr<const SearchIndex> search_index_for(const DatastoreView& v) {
   return index;
 }
 
+namespace {
+std::atomic<uint64_t> g_generation{0};
+}  // namespace
+
+uint64_t mapping_generation() { return g_generation.load(std::memory_order_acquire); }
+
 void search_index_release(const void* mapping) {
+  g_generation.fetch_add(1, std::memory_order_acq_rel);
   Registry& r = registry();
   std::shared_ptr<const SearchIndex> dropped;  // destroyed outside the lock
   std::lock_guard<std::mutex> lock(r.mutex);

@@ -15,6 +15,7 @@
 // SSSD_SEARCH_INDEX: "off" disables it; "STRIDE,MIN_TOKENS" sets the sampling stride (a power of two
 // >= 2) and the smallest datastore that gets one (default "64,65536"); read when an index is made.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -47,6 +48,23 @@ class SearchIndex {
   // False when the vocabulary is too large for a bucket table (2^20 symbols).
   bool has_buckets() const { return !buckets_.empty(); }
   uint32_t bucket_begin(uint32_t x) const { return buckets_[x]; }
+
+  // The exact suffix-array range [*lo, *hi) of the one-symbol query x (in [1, vocab]) when a search
+  // already found it (then stored with remember_single), else false. Lazily filled and shared by all
+  // threads (each entry is one atomic word); one-symbol queries are the most frequent and their range
+  // would otherwise take ~2 log2(stride) reads of the mapped suffix array and stream.
+  bool single_range(uint32_t x, uint64_t* lo, uint64_t* hi) const {
+    if (singles_ == nullptr || x >= num_singles_) return false;
+    const uint64_t w = singles_[x].load(std::memory_order_relaxed);
+    if (w == kUnknown) return false;
+    *lo = w >> 32;
+    *hi = w & 0xffffffffu;
+    return true;
+  }
+  void remember_single(uint32_t x, uint64_t lo, uint64_t hi) const {
+    if (singles_ == nullptr || x >= num_singles_ || lo > hi || hi >= 0xffffffffu) return;
+    singles_[x].store((lo << 32) | hi, std::memory_order_relaxed);
+  }
 
   // Samples whose key starts with the symbols x, y (>= 1) are [*begin, *end); false when there are
   // none (or no bucket table). A hash table over the distinct first-symbol pairs of the samples.
@@ -84,6 +102,9 @@ class SearchIndex {
     return static_cast<uint64_t>(k ^ (k >> 31));
   }
   void build_pairs();
+  static constexpr uint64_t kUnknown = ~uint64_t{0};
+  std::unique_ptr<std::atomic<uint64_t>[]> singles_;  // [num_singles_] (lo << 32) | hi, or kUnknown
+  uint64_t num_singles_ = 0;
   std::vector<PairSlot> pairs_;
   uint64_t pair_mask_ = 0;
 };
@@ -94,5 +115,10 @@ std::shared_ptr<const SearchIndex> search_index_for(const DatastoreView& v);
 
 // Forgets the index of the mapping that starts at `mapping` (its header). Safe to call for any address.
 void search_index_release(const void* mapping);
+
+// Incremented by every search_index_release: results cached under a mapping's address (SearchCache,
+// the per-thread trie memo, search_memo.h) are valid only while it is unchanged, since a later mapping
+// may reuse the address.
+uint64_t mapping_generation();
 
 }  // namespace sssd
