@@ -2,6 +2,7 @@
 // trie of a search from scratch, on random corpora (several shards, 16/32-bit tokens and suffix arrays,
 // with and without the search index), for contexts that grow by 0..6 tokens a step, follow the corpus
 // (long matches that keep extending) or not, shrink, or are replaced by unrelated contexts.
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -171,4 +172,80 @@ TEST(search_cache_trie_memo_equals_sampling) {
   }
   unsetenv("SSSD_SEARCH_INDEX");
   sssd::set_search_memo(true);
+}
+
+TEST(search_cache_trie_memo_keeps_queries_apart) {
+  // 400 distinct two-symbol queries share their first (or last) symbol and 800 share the memo's 256
+  // slots: every slot is reused, so only the full key (both symbols, length) keeps their tries apart.
+  const int32_t a = 400, vocab = 401;
+  sssd_test::Docs docs(1);
+  for (int32_t x = 0; x < a; ++x) {
+    docs[0].push_back(a);
+    docs[0].push_back(x);
+  }
+  docs[0].push_back(a);  // so that the last pairs have continuations too
+  docs[0].push_back(0);
+  sssd_test::TempDir dir;
+  sssd_test::build_file(dir.file("pairs.sssd"), docs, static_cast<uint64_t>(vocab));
+  sssd::Datastore ds(dir.file("pairs.sssd"));
+  sssd::SearchParams p;
+  p.max_query_len = 2;
+  p.max_samples = 8;
+  p.max_depth = 3;
+  std::vector<std::vector<int32_t>> queries;
+  for (int32_t x = 0; x < a; ++x) {
+    queries.push_back({a, x});  // continues with a, x + 1
+    queries.push_back({x, a});  // continues with x + 1, a
+  }
+  sssd::set_search_memo(true);
+  for (int pass = 0; pass < 2; ++pass) {  // pass 0 fills the memo, pass 1 may hit entries
+    for (const auto& q : queries) {
+      const sssd::TokenSpan span{q.data(), static_cast<int64_t>(q.size())};
+      sssd::CandidateTrie on, off;
+      sssd::search_context({ds.view()}, span, p, on);
+      sssd::set_search_memo(false);
+      sssd::search_context({ds.view()}, span, p, off);
+      sssd::set_search_memo(true);
+      CHECK(same_trie(off, on));
+      CHECK_EQ(on.size() > 1, true);  // every query matches and has continuations
+    }
+  }
+}
+
+TEST(search_cache_trie_memo_not_served_across_mappings) {
+  // Two files of the same size with different contents, mapped one after the other: a new mapping may
+  // get the released one's address, and the memo must not serve the old file's tries for it.
+  sssd_test::TempDir dir;
+  const int32_t vocab = 3;
+  sssd_test::Docs da(1), db(1);
+  for (int32_t i = 0; i < 300; ++i) {
+    da[0].push_back(i % 3);
+    db[0].push_back((i * 2 + 1) % 3);
+  }
+  sssd_test::build_file(dir.file("a.sssd"), da, static_cast<uint64_t>(vocab));
+  sssd_test::build_file(dir.file("b.sssd"), db, static_cast<uint64_t>(vocab));
+  sssd::SearchParams p;
+  p.max_query_len = 2;
+  p.max_depth = 4;
+  int reused = 0;
+  const void* last = nullptr;
+  sssd::set_search_memo(true);
+  for (int round = 0; round < 6; ++round) {
+    sssd::Datastore ds(dir.file(round % 2 ? "b.sssd" : "a.sssd"));
+    reused += ds.view().header == last;
+    last = ds.view().header;
+    for (int32_t s = 0; s < vocab; ++s) {
+      for (int32_t t = -1; t < vocab; ++t) {
+        std::vector<int32_t> q = t < 0 ? std::vector<int32_t>{s} : std::vector<int32_t>{s, t};
+        const sssd::TokenSpan span{q.data(), static_cast<int64_t>(q.size())};
+        sssd::CandidateTrie on, off;
+        sssd::search_context({ds.view()}, span, p, on);
+        sssd::set_search_memo(false);
+        sssd::search_context({ds.view()}, span, p, off);
+        sssd::set_search_memo(true);
+        CHECK(same_trie(off, on));
+      }
+    }
+  }
+  std::printf("  (a new mapping reused the released address %d of 5 times)\n", reused);
 }
