@@ -118,13 +118,25 @@ def child_search(name: str, path: str, batches: list[int], contexts: int, repeat
     return out
 
 
-def child_first(name: str, path: str) -> dict:
-    """A fresh process: open, then one search (which loads the stored index or builds one)."""
+def _evict(path: str) -> None:
+    """Drops this file's pages from the page cache (clean pages only; other files are not touched)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def child_first(name: str, path: str, cold: bool) -> dict:
+    """A fresh process: open, then one search (which loads the stored index or builds one). cold: the
+    datastore file's pages are evicted from the page cache first."""
     from sssd import Datastore, SearchConfig
 
     tokens, offsets = corpora.load(name)
     ctxs = corpora.sample_contexts(tokens, offsets, 2)
     del tokens, offsets
+    if cold:
+        _evict(path)
     t0 = time.perf_counter()
     ds = Datastore.open(path)
     t1 = time.perf_counter()
@@ -146,6 +158,16 @@ def open_time(path: str, n: int = 50) -> float:
     return float(np.median(times) * 1e3)
 
 
+def fresh_process(name: str, path: str, runs: int) -> dict:
+    """Medians over `runs` fresh processes, page cache warm and with the file evicted (cold)."""
+    out: dict = {}
+    for mode in ("warm", "cold"):
+        firsts = [_child(["_first", name, path, mode], 1) for _ in range(runs)]
+        out.update({f"{k}_{mode}": float(np.median([f[k] for f in firsts])) for k in firsts[0]})
+    out["runs"] = runs
+    return out
+
+
 def run(args: argparse.Namespace) -> dict:
     results = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg": os.getloadavg()},
@@ -157,12 +179,14 @@ def run(args: argparse.Namespace) -> dict:
         corpora.load(name)  # generate / tokenize once (cached), outside any measurement
         for index in args.index:
             path = str(corpora.CACHE / f"{name}-index-{index}.sssd")
-            r = _child(["_build", name, path, index])
+            r = {} if args.only_first else _child(["_build", name, path, index])
             r["index"] = index
+            if args.only_first:
+                r = {"index": index, "fresh_process": fresh_process(name, path, args.first_runs)}
+                results["corpora"][f"{name}/{index}"] = r
+                continue
             r["open_ms_median"] = open_time(path)
-            firsts = [_child(["_first", name, path], 1) for _ in range(args.first_runs)]
-            r["fresh_process"] = {k: float(np.median([f[k] for f in firsts])) for k in firsts[0]}
-            r["fresh_process"]["runs"] = len(firsts)
+            r["fresh_process"] = fresh_process(name, path, args.first_runs)
             r["search"] = {}
             for t in args.threads:
                 batches = ",".join(map(str, args.batches))
@@ -181,7 +205,7 @@ def table(results: dict, batches: list[int]) -> str:
     head += "".join(f" b={b} µs wall (cpu) |" for b in batches)
     lines = [head, "|" + "---|" * (10 + len(batches))]
     for name, r in results["corpora"].items():
-        for t, s in r["search"].items():
+        for t, s in r.get("search", {}).items():
             lines.append(
                 f"| {name.split('/')[0]} | {r.get('index', 'none')} | {r['tokens']:.2e} | "
                 f"{r['build_wall_s']:.2f} ({r['build_cpu_s']:.2f}) | "
@@ -194,13 +218,16 @@ def table(results: dict, batches: list[int]) -> str:
                 )
             )
     lines += ["", "Fresh processes (median): open, first search, second search (ms)", ""]
-    lines += ["| corpus | index | runs | open ms | 1st search ms | 2nd search ms |", "|---" * 6 + "|"]
+    lines += [
+        "| corpus | index | page cache | runs | open ms | 1st search ms | 2nd search ms |",
+        "|---" * 7 + "|",
+    ]
     for name, r in results["corpora"].items():
         f = r.get("fresh_process")
-        if f:
+        for mode in ("warm", "cold") if f else ():
             lines.append(
-                f"| {name.split('/')[0]} | {r.get('index', 'none')} | {f['runs']} | {f['open_ms']:.3f} | "
-                f"{f['first_ms']:.2f} | {f['second_ms']:.3f} |"
+                f"| {name.split('/')[0]} | {r.get('index', 'none')} | {mode} | {f['runs']} | "
+                f"{f[f'open_ms_{mode}']:.3f} | {f[f'first_ms_{mode}']:.2f} | {f[f'second_ms_{mode}']:.3f} |"
             )
     return "\n".join(lines)
 
@@ -210,7 +237,7 @@ def main() -> None:
         print(json.dumps(child_build(sys.argv[2], sys.argv[3], sys.argv[4])))
         return
     if len(sys.argv) > 1 and sys.argv[1] == "_first":
-        print(json.dumps(child_first(sys.argv[2], sys.argv[3])))
+        print(json.dumps(child_first(sys.argv[2], sys.argv[3], sys.argv[4] == "cold")))
         return
     if len(sys.argv) > 1 and sys.argv[1] == "_search":
         batches = [int(x) for x in sys.argv[4].split(",")]
@@ -232,7 +259,12 @@ def main() -> None:
         "--first-runs",
         type=int,
         default=5,
-        help="fresh processes timing open + first search + second search (medians reported)",
+        help="fresh processes timing open + first + second search, page cache warm and cold (medians)",
+    )
+    ap.add_argument(
+        "--only-first",
+        action="store_true",
+        help="only the fresh-process timings, on the files an earlier run built",
     )
     ap.add_argument("--contexts", type=int, default=1024, help="distinct contexts searched per batch size")
     ap.add_argument("--repeats", type=int, default=3, help="passes over the contexts per batch size")
