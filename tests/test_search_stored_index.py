@@ -181,3 +181,22 @@ def test_build_datastore_no_index_and_sssd_info(tmp_path, capsys):
     assert info_cmd.run(type("A", (), {"datastore": str(tmp_path / "without.sssd"), "verify": False})()) == 0
     assert "search index:  not stored (built in memory on the first search)" in capsys.readouterr().out
     assert index_fields(tmp_path / "without.sssd") == (0, 0, 0, 0)
+
+
+def test_shards_each_with_their_own_index(tmp_path, monkeypatch):
+    """Shards searched as one: stored (two strides), none; equal to no index and to the reference."""
+    monkeypatch.delenv("SSSD_SEARCH_INDEX", raising=False)
+    rng = np.random.default_rng(9)
+    shards = [random_docs(rng, 30, 6) for _ in range(3)]
+    paths = [tmp_path / f"s{k}.sssd" for k in range(3)]
+    for docs, path, (index, stride) in zip(shards, paths, [(True, 2), (False, 64), (True, 8)], strict=True):
+        build_datastore(
+            docs, path, vocab_size=6, search_index=index, index_stride=stride, force_sa64=stride == 8
+        )
+    assert Datastore.open(paths).info().index_strides == (2, 0, 8)
+    contexts = contexts_of(rng, shards[1], 6)
+    got = tries(paths, contexts)
+    monkeypatch.setenv("SSSD_SEARCH_INDEX", "off")
+    assert got == tries(paths, contexts)
+    ref = ReferenceDatastore(shards, 6)
+    assert got == [canonical_trie(ref.search_one(c, CFG)) for c in contexts]
