@@ -200,3 +200,16 @@ def test_shards_each_with_their_own_index(tmp_path, monkeypatch):
     assert got == tries(paths, contexts)
     ref = ReferenceDatastore(shards, 6)
     assert got == [canonical_trie(ref.search_one(c, CFG)) for c in contexts]
+
+
+def test_verify_names_the_file_and_the_index(tmp_path):
+    rng = np.random.default_rng(10)
+    path = tmp_path / "a.sssd"
+    build_datastore(random_docs(rng, 30, 5), path, vocab_size=5, search_index=True, index_stride=2)
+    Datastore.open(path).verify()
+    data = bytearray(path.read_bytes())
+    offset = index_fields(path)[1]
+    data[offset + 64 + 3] ^= 0x10  # a key byte
+    path.write_bytes(bytes(data))
+    with pytest.raises(DatastoreError, match=r"a\.sssd: datastore search index section is corrupt: checksum"):
+        Datastore.open(path).verify()

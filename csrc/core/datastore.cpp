@@ -366,17 +366,17 @@ void Datastore::verify(const ProgressFn& progress) const {
     if ((i & 0xFFFFF) == 0) report("checking suffix array", i, h.num_tokens);
   }
   report("checking suffix array", h.num_tokens, h.num_tokens);
-  const uint64_t stride = stored_index_stride(view_);
-  if (stride != 0) {
-    try {
+  try {
+    const uint64_t stride = stored_index_stride(view_);
+    if (stride != 0) {
       const auto stored = SearchIndex::load(view_);
       if (!stored->same_as(SearchIndex(view_, stride))) {
         throw DatastoreError("the stored search index differs from one built from the suffix array");
       }
-    } catch (const DatastoreError& e) {
-      throw DatastoreError(path_ + ": " + e.what());
+      report("checking search index", 1, 1);
     }
-    report("checking search index", 1, 1);
+  } catch (const DatastoreError& e) {
+    throw DatastoreError(path_ + ": " + e.what());
   }
 }
 
