@@ -2,6 +2,11 @@
 
     PYTHONPATH=python:. python3 bench/bench_datastore.py                      # zipf1e6 zipf1e7 cpython
     PYTHONPATH=python:. python3 bench/bench_datastore.py --corpora zipf1e8 --batches 64
+    PYTHONPATH=python:. python3 bench/bench_datastore.py --corpora zipf1e7 --index stored none
+
+--index: build the file with the search index stored in it (the default of build_datastore from 65,536
+tokens) and/or without it (then the first search of each process builds it in memory); each is its own
+file and row.
 
 Every measurement that needs a clean process runs in a child: the build (peak extra memory = peak RSS
 during the build minus RSS with the input tokens loaded, per token) and the search at each thread
@@ -54,13 +59,14 @@ def _reset_peak_rss() -> int:
     return _status_bytes("VmRSS")
 
 
-def child_build(name: str, path: str) -> dict:
+def child_build(name: str, path: str, index: str) -> dict:
     from sssd import build_datastore
 
     tokens, offsets = corpora.load(name)
     before = _reset_peak_rss()
     w0, c0 = time.perf_counter(), time.process_time()
-    info = build_datastore((tokens, offsets), path, vocab_size=corpora.VOCAB)
+    stored = {"stored": None, "none": False}[index]
+    info = build_datastore((tokens, offsets), path, vocab_size=corpora.VOCAB, search_index=stored)
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
     peak = _status_bytes("VmHWM")
     n = len(tokens)
@@ -72,6 +78,7 @@ def child_build(name: str, path: str) -> dict:
         "build_tokens_per_s": n / wall,
         "peak_extra_bytes_per_token": (peak - before) / n,
         "file_bytes_per_token": info.file_bytes / n,
+        "index_bytes_per_token": info.index_bytes / n,
     }
 
 
@@ -87,7 +94,8 @@ def child_search(name: str, path: str, batches: list[int], contexts: int, repeat
         del tokens, offsets
     cfg = SearchConfig(**SEARCH)
     t0 = time.perf_counter()
-    ds.search(ctxs[:1], cfg)  # the first search of a mapping builds its index (csrc/core/search_index.h)
+    # The first search of a mapping loads the stored index, or builds one (csrc/core/search_index.h).
+    ds.search(ctxs[:1], cfg)
     first_ms = (time.perf_counter() - t0) * 1e3
     ds.search(ctxs, cfg)  # warm the page cache and the allocator
     out = {"threads": max_threads(), "contexts": len(ctxs), "first_search_ms": first_ms}
@@ -110,6 +118,35 @@ def child_search(name: str, path: str, batches: list[int], contexts: int, repeat
     return out
 
 
+def _evict(path: str) -> None:
+    """Drops this file's pages from the page cache (clean pages only; other files are not touched)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def child_first(name: str, path: str, cold: bool) -> dict:
+    """A fresh process: open, then one search (which loads the stored index or builds one). cold: the
+    datastore file's pages are evicted from the page cache first."""
+    from sssd import Datastore, SearchConfig
+
+    tokens, offsets = corpora.load(name)
+    ctxs = corpora.sample_contexts(tokens, offsets, 2)
+    del tokens, offsets
+    if cold:
+        _evict(path)
+    t0 = time.perf_counter()
+    ds = Datastore.open(path)
+    t1 = time.perf_counter()
+    ds.search(ctxs[:1], SearchConfig(**SEARCH))
+    t2 = time.perf_counter()
+    ds.search(ctxs[1:], SearchConfig(**SEARCH))
+    t3 = time.perf_counter()
+    return {"open_ms": (t1 - t0) * 1e3, "first_ms": (t2 - t1) * 1e3, "second_ms": (t3 - t2) * 1e3}
+
+
 def open_time(path: str, n: int = 50) -> float:
     from sssd import Datastore
 
@@ -121,6 +158,16 @@ def open_time(path: str, n: int = 50) -> float:
     return float(np.median(times) * 1e3)
 
 
+def fresh_process(name: str, path: str, runs: int) -> dict:
+    """Medians over `runs` fresh processes, page cache warm and with the file evicted (cold)."""
+    out: dict = {}
+    for mode in ("warm", "cold"):
+        firsts = [_child(["_first", name, path, mode], 1) for _ in range(runs)]
+        out.update({f"{k}_{mode}": float(np.median([f[k] for f in firsts])) for k in firsts[0]})
+    out["runs"] = runs
+    return out
+
+
 def run(args: argparse.Namespace) -> dict:
     results = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg": os.getloadavg()},
@@ -130,29 +177,38 @@ def run(args: argparse.Namespace) -> dict:
     }
     for name in args.corpora:
         corpora.load(name)  # generate / tokenize once (cached), outside any measurement
-        path = str(corpora.CACHE / f"{name}.sssd")
-        r = _child(["_build", name, path])
-        r["open_ms_median"] = open_time(path)
-        r["search"] = {}
-        for t in args.threads:
-            batches = ",".join(map(str, args.batches))
-            kind = "dev" if args.dev_contexts else "corpus"
-            cmd = ["_search", name, path, batches, str(args.contexts), str(args.repeats), kind]
-            r["search"][t] = _child(cmd, t)
-        results["corpora"][name] = r
-        print(f"# {name}: done", file=sys.stderr)
+        for index in args.index:
+            path = str(corpora.CACHE / f"{name}-index-{index}.sssd")
+            r = {} if args.only_first else _child(["_build", name, path, index])
+            r["index"] = index
+            if args.only_first:
+                r = {"index": index, "fresh_process": fresh_process(name, path, args.first_runs)}
+                results["corpora"][f"{name}/{index}"] = r
+                continue
+            r["open_ms_median"] = open_time(path)
+            r["fresh_process"] = fresh_process(name, path, args.first_runs)
+            r["search"] = {}
+            for t in args.threads:
+                batches = ",".join(map(str, args.batches))
+                kind = "dev" if args.dev_contexts else "corpus"
+                cmd = ["_search", name, path, batches, str(args.contexts), str(args.repeats), kind]
+                r["search"][t] = _child(cmd, t)
+            key = name if len(args.index) == 1 and index == "stored" else f"{name}/{index}"
+            results["corpora"][key] = r
+            print(f"# {name} ({index} index): done", file=sys.stderr)
     return results
 
 
 def table(results: dict, batches: list[int]) -> str:
-    head = "| corpus | tokens | build s (cpu s) | Mtok/s | peak B/tok | file B/tok | open ms |"
+    head = "| corpus | index | tokens | build s (cpu s) | Mtok/s | peak B/tok | file B/tok | open ms |"
     head += " 1st search ms | threads |"
     head += "".join(f" b={b} µs wall (cpu) |" for b in batches)
-    lines = [head, "|" + "---|" * (9 + len(batches))]
+    lines = [head, "|" + "---|" * (10 + len(batches))]
     for name, r in results["corpora"].items():
-        for t, s in r["search"].items():
+        for t, s in r.get("search", {}).items():
             lines.append(
-                f"| {name} | {r['tokens']:.2e} | {r['build_wall_s']:.2f} ({r['build_cpu_s']:.2f}) | "
+                f"| {name.split('/')[0]} | {r.get('index', 'none')} | {r['tokens']:.2e} | "
+                f"{r['build_wall_s']:.2f} ({r['build_cpu_s']:.2f}) | "
                 f"{r['build_tokens_per_s'] / 1e6:.2f} | {r['peak_extra_bytes_per_token']:.2f} | "
                 f"{r['file_bytes_per_token']:.2f} | {r['open_ms_median']:.3f} | "
                 f"{s['first_search_ms']:.1f} | {t} |"
@@ -161,12 +217,27 @@ def table(results: dict, batches: list[int]) -> str:
                     for b in batches
                 )
             )
+    lines += ["", "Fresh processes (median): open, first search, second search (ms)", ""]
+    lines += [
+        "| corpus | index | page cache | runs | open ms | 1st search ms | 2nd search ms |",
+        "|---" * 7 + "|",
+    ]
+    for name, r in results["corpora"].items():
+        f = r.get("fresh_process")
+        for mode in ("warm", "cold") if f else ():
+            lines.append(
+                f"| {name.split('/')[0]} | {r.get('index', 'none')} | {mode} | {f['runs']} | "
+                f"{f[f'open_ms_{mode}']:.3f} | {f[f'first_ms_{mode}']:.2f} | {f[f'second_ms_{mode}']:.3f} |"
+            )
     return "\n".join(lines)
 
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "_build":
-        print(json.dumps(child_build(sys.argv[2], sys.argv[3])))
+        print(json.dumps(child_build(sys.argv[2], sys.argv[3], sys.argv[4])))
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "_first":
+        print(json.dumps(child_first(sys.argv[2], sys.argv[3], sys.argv[4] == "cold")))
         return
     if len(sys.argv) > 1 and sys.argv[1] == "_search":
         batches = [int(x) for x in sys.argv[4].split(",")]
@@ -177,6 +248,24 @@ def main() -> None:
     ap.add_argument("--corpora", nargs="+", default=["zipf1e6", "zipf1e7", "cpython"])
     ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     ap.add_argument("--batches", nargs="+", type=int, default=[1, 16, 64, 256])
+    ap.add_argument(
+        "--index",
+        nargs="+",
+        choices=("stored", "none"),
+        default=["stored"],
+        help="build with the search index stored in the file and/or without it (default: stored)",
+    )
+    ap.add_argument(
+        "--first-runs",
+        type=int,
+        default=5,
+        help="fresh processes timing open + first + second search, page cache warm and cold (medians)",
+    )
+    ap.add_argument(
+        "--only-first",
+        action="store_true",
+        help="only the fresh-process timings, on the files an earlier run built",
+    )
     ap.add_argument("--contexts", type=int, default=1024, help="distinct contexts searched per batch size")
     ap.add_argument("--repeats", type=int, default=3, help="passes over the contexts per batch size")
     ap.add_argument(

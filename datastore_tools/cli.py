@@ -100,6 +100,12 @@ def make_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="write a directory of shards shard-00000.sssd, ... of at most N tokens each",
     )
+    p.add_argument(
+        "--no-index",
+        action="store_true",
+        help="do not store the search index (about 1 B/token; stored by default from 65,536 tokens per "
+        "file); without it each process builds it in memory on its first search",
+    )
     p.add_argument("--force", action="store_true", help="replace an existing output")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress display and no summary")
     return p
@@ -129,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         shard_tokens=args.shard_tokens,
         force=args.force,
         progress=not args.quiet,
+        search_index=not args.no_index,
     )
     try:
         summary = build(config)

@@ -33,6 +33,7 @@ class BuildConfig:
     shard_tokens: int | None = None  # split into shards of at most this many tokens
     force: bool = False  # replace an existing output
     progress: bool = True  # progress display on stderr
+    search_index: bool = True  # store the search index in each file (from 65,536 tokens per file)
 
 
 def _recorded_vocabulary(inputs: list[Input]) -> tuple[int, str] | None:
@@ -139,7 +140,14 @@ def build(config: BuildConfig) -> BuildSummary:
     docs = _counted(tokenize_stream(items(), encode, stats, batch_docs=config.batch_docs), stats, progress)
     try:
         if config.shard_tokens is None:
-            paths = write_single(docs, out, vocab_size=vocab, fingerprint=fingerprint, phase=progress.phase)
+            paths = write_single(
+                docs,
+                out,
+                vocab_size=vocab,
+                fingerprint=fingerprint,
+                phase=progress.phase,
+                search_index=config.search_index,
+            )
         else:
             paths = write_shards(
                 docs,
@@ -148,6 +156,7 @@ def build(config: BuildConfig) -> BuildSummary:
                 vocab_size=vocab,
                 fingerprint=fingerprint,
                 phase=progress.phase,
+                search_index=config.search_index,
             )
     finally:
         progress.close()

@@ -35,11 +35,29 @@ def check_destination(out: Path, *, sharded: bool, force: bool) -> None:
         raise FileExistsError(f"{out} holds files other than *{SHARD_SUFFIX} shards; not replacing it")
 
 
+def _index_option(search_index: bool) -> bool | None:
+    """build_datastore's search_index: its default (stored from 65,536 tokens), or never."""
+    return None if search_index else False
+
+
 def write_single(
-    docs: Iterator[np.ndarray], out: Path, *, vocab_size: int, fingerprint: str, phase: Phase
+    docs: Iterator[np.ndarray],
+    out: Path,
+    *,
+    vocab_size: int,
+    fingerprint: str,
+    phase: Phase,
+    search_index: bool = True,
 ) -> list[Path]:
     """One file; sssd.build_datastore writes a temporary file next to it and renames it at the end."""
-    build_datastore(docs, out, vocab_size=vocab_size, tokenizer=fingerprint or None, progress=phase)
+    build_datastore(
+        docs,
+        out,
+        vocab_size=vocab_size,
+        tokenizer=fingerprint or None,
+        progress=phase,
+        search_index=_index_option(search_index),
+    )
     return [out]
 
 
@@ -82,6 +100,7 @@ def write_shards(
     vocab_size: int,
     fingerprint: str,
     phase: Phase,
+    search_index: bool = True,
 ) -> list[Path]:
     """Shards shard-00000.sssd, ... of at most max_tokens tokens each in the directory ``out``.
 
@@ -103,6 +122,7 @@ def write_shards(
                 vocab_size=vocab_size,
                 tokenizer=fingerprint or None,
                 progress=shard_phase,
+                search_index=_index_option(search_index),
             )
             names.append(name)
         if not names:

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "bindings/common.h"
+#include "core/search_index.h"
 
 namespace sssd_py {
 
@@ -104,6 +105,8 @@ void bind_datastore(py::module_& m) {
            py::arg("force_sa64") = false)
       .def("add", &builder_add, py::arg("tokens"), py::arg("offsets"),
            "Append documents tokens[offsets[k]:offsets[k+1]].")
+      .def("set_search_index", &sssd::DatastoreBuilder::set_search_index, py::arg("stride"), py::arg("min_tokens"),
+           "Store a search index of this stride (0: none) when the corpus has at least min_tokens tokens.")
       .def_property_readonly("num_tokens", &sssd::DatastoreBuilder::num_tokens)
       .def_property_readonly("num_documents", &sssd::DatastoreBuilder::num_documents)
       .def(
@@ -131,6 +134,13 @@ void bind_datastore(py::module_& m) {
       .def_property_readonly("token_width", [](const sssd::Datastore& d) { return d.header().token_width; })
       .def_property_readonly("sa_width", [](const sssd::Datastore& d) { return d.header().sa_width; })
       .def_property_readonly("file_size", [](const sssd::Datastore& d) { return d.header().file_size; })
+      .def_property_readonly("search_index_stride",
+                             [](const sssd::Datastore& d) { return sssd::stored_index_stride(d.view()); })
+      .def_property_readonly("search_index_bytes",
+                             [](const sssd::Datastore& d) {
+                               const auto& h = d.header();
+                               return (h.flags & sssd::kFlagSearchIndex) ? h.index_bytes : uint64_t{0};
+                             })
       .def(
           "document",
           [](const sssd::Datastore& d, uint64_t k) {

@@ -31,6 +31,15 @@ DatastoreBuilder::DatastoreBuilder(uint64_t vocab_size, std::string fingerprint,
   }
 }
 
+void DatastoreBuilder::set_search_index(uint64_t stride, uint64_t min_tokens) {
+  if (stride != 0 && (stride < 2 || (stride & (stride - 1)) != 0)) {
+    throw std::invalid_argument("search index stride must be 0 (no index) or a power of two >= 2, got " +
+                                std::to_string(stride));
+  }
+  index_stride_ = stride;
+  index_min_tokens_ = min_tokens;
+}
+
 template <class T>
 void DatastoreBuilder::add_documents(const T* tokens, int64_t num_tokens, const int64_t* offsets,
                                      int64_t num_docs) {
@@ -98,6 +107,13 @@ class TempFile {
       throw std::system_error(errno, std::generic_category(), "write failed on " + path_);
     }
   }
+  void rewrite(uint64_t offset, const void* data, size_t bytes) {
+    if (std::fseek(f_, static_cast<long>(offset), SEEK_SET) != 0) {
+      throw std::system_error(errno, std::generic_category(), "seek failed on " + path_);
+    }
+    write(data, bytes);
+    if (std::fseek(f_, 0, SEEK_END) != 0) throw std::system_error(errno, std::generic_category(), "seek failed");
+  }
   void pad_to(uint64_t offset) {
     static const char zeros[64] = {};
     const long pos = std::ftell(f_);
@@ -146,8 +162,31 @@ void sort_suffixes(const std::vector<Sym>& stream, Idx* sa) {
   build_suffix_array(ranks.data(), sa, n, static_cast<int64_t>(distinct.size()));
 }
 
+// Builds the search index from the sorted suffixes in memory (the same one the first search would build
+// from the file) and appends it as the stored section; updates and rewrites the header.
 template <class Sym, class Idx>
-void sort_and_write(TempFile& out, const DatastoreHeader& h, const std::vector<Sym>& stream,
+void write_index(TempFile& out, DatastoreHeader& h, const std::vector<Sym>& stream, const Idx* sa,
+                 uint64_t stride, const ProgressFn& progress) {
+  progress("building search index", 0, 1);
+  DatastoreView v;
+  v.header = &h;
+  v.stream = stream.data();
+  v.sa = sa;
+  const SearchIndex index(v, stride);
+  h.flags |= kFlagSearchIndex;
+  h.index_offset = align_section(h.file_size);
+  h.index_bytes = index.section_bytes();
+  h.index_checksum = index.section_checksum();
+  h.file_size = h.index_offset + h.index_bytes;
+  seal_header(h);
+  out.pad_to(h.index_offset);
+  index.write_section([&](const void* data, size_t bytes) { out.write(data, bytes); });
+  out.rewrite(0, &h, sizeof h);
+  progress("building search index", 1, 1);
+}
+
+template <class Sym, class Idx>
+void sort_and_write(TempFile& out, DatastoreHeader& h, const std::vector<Sym>& stream, uint64_t index_stride,
                     const ProgressFn& progress) {
   std::vector<Idx> sa(stream.size());
   progress("sorting suffixes", 0, 1);
@@ -164,6 +203,7 @@ void sort_and_write(TempFile& out, const DatastoreHeader& h, const std::vector<S
     out.write(sa.data() + i, static_cast<size_t>(n * sizeof(Idx)));
     progress("writing suffix array", i + n - d, sa.size() - d);
   }
+  if (index_stride != 0) write_index(out, h, stream, sa.data() + d, index_stride, progress);
 }
 
 }  // namespace
@@ -171,7 +211,8 @@ void sort_and_write(TempFile& out, const DatastoreHeader& h, const std::vector<S
 template <class Sym>
 void DatastoreBuilder::write_file(const std::string& path, const std::vector<Sym>& stream,
                                   const ProgressFn& progress) {
-  const DatastoreHeader h = make_header(vocab_size_, num_tokens(), num_documents_, fingerprint_, force_sa64_);
+  DatastoreHeader h = make_header(vocab_size_, num_tokens(), num_documents_, fingerprint_, force_sa64_);
+  const uint64_t index_stride = num_tokens() >= index_min_tokens_ ? index_stride_ : 0;
   TempFile out(path);
   out.write(&h, sizeof h);
   out.pad_to(h.stream_offset);
@@ -179,9 +220,9 @@ void DatastoreBuilder::write_file(const std::string& path, const std::vector<Sym
   out.pad_to(h.doc_offsets_offset);
   out.write(doc_offsets_.data(), doc_offsets_.size() * sizeof(uint64_t));
   if (h.sa_width == 4) {
-    sort_and_write<Sym, int32_t>(out, h, stream, progress);
+    sort_and_write<Sym, int32_t>(out, h, stream, index_stride, progress);
   } else {
-    sort_and_write<Sym, int64_t>(out, h, stream, progress);
+    sort_and_write<Sym, int64_t>(out, h, stream, index_stride, progress);
   }
   out.commit(path);
 }
@@ -325,6 +366,18 @@ void Datastore::verify(const ProgressFn& progress) const {
     if ((i & 0xFFFFF) == 0) report("checking suffix array", i, h.num_tokens);
   }
   report("checking suffix array", h.num_tokens, h.num_tokens);
+  try {
+    const uint64_t stride = stored_index_stride(view_);
+    if (stride != 0) {
+      const auto stored = SearchIndex::load(view_);
+      if (!stored->same_as(SearchIndex(view_, stride))) {
+        throw DatastoreError("the stored search index differs from one built from the suffix array");
+      }
+      report("checking search index", 1, 1);
+    }
+  } catch (const DatastoreError& e) {
+    throw DatastoreError(path_ + ": " + e.what());
+  }
 }
 
 }  // namespace sssd

@@ -26,6 +26,11 @@ class DatastoreBuilder {
   template <class T>
   void add_documents(const T* tokens, int64_t num_tokens, const int64_t* offsets, int64_t num_docs);
 
+  // Store a search index of this stride (search_index.h) when the corpus has at least min_tokens tokens;
+  // stride 0: never. Default: stride 64 from 65,536 tokens (the in-memory policy's default). Extra build
+  // memory: the index (about 1 byte per token at stride 64), after the suffix sort's workspace is freed.
+  void set_search_index(uint64_t stride, uint64_t min_tokens);
+
   uint64_t num_tokens() const { return stream_length() - num_documents_; }
   uint64_t num_documents() const { return num_documents_; }
   uint64_t vocab_size() const { return vocab_size_; }
@@ -44,6 +49,8 @@ class DatastoreBuilder {
   std::string fingerprint_;
   bool force_sa64_;
   uint32_t width_;
+  uint64_t index_stride_ = 64;  // kDefaultIndexStride
+  uint64_t index_min_tokens_ = 65536;  // kDefaultIndexMinTokens
   uint64_t num_documents_ = 0;
   std::vector<uint64_t> doc_offsets_{0};
   std::vector<uint16_t> stream16_;

@@ -15,6 +15,33 @@ uint64_t fnv1a64(const void* data, size_t n) {
   return h;
 }
 
+namespace {
+inline uint64_t rotl64(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
+constexpr uint64_t kP1 = 0x9E3779B185EBCA87ull, kP2 = 0xC2B2AE3D27D4EB4Full, kP3 = 0x165667B19E3779F9ull;
+}  // namespace
+
+uint64_t checksum64(const void* data, size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  uint64_t lane[4] = {kP1 + kP2, kP2, 0, 0 - kP1};
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    for (int l = 0; l < 4; ++l) {
+      uint64_t w;
+      std::memcpy(&w, p + i + 8 * static_cast<size_t>(l), 8);
+      lane[l] = rotl64(lane[l] + w * kP2, 31) * kP1;
+    }
+  }
+  uint64_t h = rotl64(lane[0], 1) + rotl64(lane[1], 7) + rotl64(lane[2], 12) + rotl64(lane[3], 18);
+  h += static_cast<uint64_t>(n);
+  for (; i < n; ++i) h = rotl64(h ^ (p[i] * kP3), 11) * kP1;
+  h ^= h >> 33;
+  h *= kP2;
+  h ^= h >> 29;
+  h *= kP3;
+  h ^= h >> 32;
+  return h;
+}
+
 uint32_t token_width_for_vocab(uint64_t vocab_size) {
   if (vocab_size == 0) throw std::invalid_argument("vocab_size must be at least 1");
   if (vocab_size > kMaxVocab) {
@@ -24,9 +51,11 @@ uint32_t token_width_for_vocab(uint64_t vocab_size) {
   return vocab_size <= kMaxVocabUint16 ? 2 : 4;
 }
 
+uint64_t align_section(uint64_t x) { return (x + kSectionAlign - 1) / kSectionAlign * kSectionAlign; }
+
 namespace {
 
-uint64_t align_up(uint64_t x) { return (x + kSectionAlign - 1) / kSectionAlign * kSectionAlign; }
+uint64_t align_up(uint64_t x) { return align_section(x); }
 
 // a + b and a * b with overflow detection (header fields are untrusted).
 bool add_ok(uint64_t a, uint64_t b, uint64_t* out) { return !__builtin_add_overflow(a, b, out); }
@@ -114,6 +143,13 @@ void validate_header(const DatastoreHeader& h, uint64_t actual_file_size) {
   check_section("token stream", h.stream_offset, h.stream_length, h.token_width, actual_file_size);
   check_section("document offsets", h.doc_offsets_offset, docs_plus_one, 8, actual_file_size);
   check_section("suffix array", h.sa_offset, h.num_tokens, h.sa_width, actual_file_size);
+  if (h.flags & kFlagSearchIndex) {
+    // The suffix array's end cannot overflow: check_section just bounded it by the file size.
+    if (h.index_offset < h.sa_offset + h.num_tokens * h.sa_width) {
+      throw DatastoreError("datastore header: the search index section overlaps the suffix array");
+    }
+    check_section("search index", h.index_offset, h.index_bytes, 1, actual_file_size);
+  }
 }
 
 }  // namespace sssd

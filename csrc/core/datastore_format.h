@@ -10,6 +10,11 @@
 //   sa_offset           suffix array: num_tokens stream positions (int32, or int64 when sa_width is 8)
 //                       of every real token, sorted by the suffix up to its document's end; a suffix
 //                       that ends first sorts first.
+//   index_offset        optional (flags & kFlagSearchIndex): the stored search index, index_bytes long,
+//                       after the suffix array; its own layout and version are in search_index.h. Its
+//                       checksum (index_checksum) is checked when it is loaded (on the first search),
+//                       not at open. Files without it (flags 0, fields 0) build the index in memory on
+//                       the first search; readers that predate the flag ignore it (same version 1).
 //
 // Every section lies after the header, is 64-byte aligned, and inside file_size; validate_header()
 // checks all of it against the real file size before any section is touched.
@@ -31,6 +36,7 @@ constexpr char kDatastoreMagic[8] = {'S', 'S', 'S', 'D', 'S', 'T', 'O', 'R'};
 constexpr uint32_t kDatastoreVersion = 1;
 constexpr size_t kFingerprintBytes = 120;
 constexpr uint64_t kSectionAlign = 64;
+constexpr uint32_t kFlagSearchIndex = 1;  // the file stores a search index section
 // Token width: the stream stores token t as the symbol t + 1 (0 is the document separator), so uint16
 // symbols hold tokens 0..65534 only. A datastore therefore uses uint16 iff vocab_size <= 65535 and uint32
 // otherwise (vocab_size 65536 has the id 65535, stored as 65536). This is one less than the "vocab <=
@@ -45,7 +51,7 @@ struct DatastoreHeader {
   uint32_t version;
   uint32_t token_width;  // 2 or 4 bytes per stream symbol
   uint32_t sa_width;     // 4 or 8 bytes per suffix-array entry
-  uint32_t flags;        // 0
+  uint32_t flags;        // kFlagSearchIndex or 0; other bits are ignored
   uint64_t vocab_size;
   uint64_t num_tokens;     // real tokens, separators excluded
   uint64_t num_documents;  // including empty ones
@@ -55,12 +61,19 @@ struct DatastoreHeader {
   uint64_t sa_offset;
   uint64_t file_size;
   char fingerprint[kFingerprintBytes];  // tokenizer fingerprint, NUL-terminated
-  uint64_t reserved[5];
+  uint64_t index_offset;    // 0 without a stored search index
+  uint64_t index_bytes;     // 0 without a stored search index
+  uint64_t index_checksum;  // search_index.h: stored_index_checksum
+  uint64_t reserved[2];
   uint64_t header_checksum;  // FNV-1a 64 of the preceding 248 bytes
 };
 static_assert(sizeof(DatastoreHeader) == 256, "header must be 256 bytes");
 
 uint64_t fnv1a64(const void* data, size_t n);
+// A fast 64-bit checksum (four lanes of 64-bit words, xxHash64-style rounds): runs at memory speed, for
+// sections too large for the byte-at-a-time FNV-1a.
+uint64_t checksum64(const void* data, size_t n);
+uint64_t align_section(uint64_t x);  // rounds up to kSectionAlign
 uint32_t token_width_for_vocab(uint64_t vocab_size);  // throws std::invalid_argument past the limit
 
 // Fills in offsets, widths, file size and checksum for a datastore of the given shape.

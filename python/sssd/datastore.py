@@ -102,6 +102,13 @@ class DatastoreInfo:
     sa_width: int  # bytes per suffix-array entry (largest over shards)
     file_bytes: int
     format_version: int
+    index_strides: tuple[int, ...] = ()  # per shard: stride of the stored search index, 0 = none
+    index_bytes: int = 0  # bytes of the stored search indexes (included in file_bytes)
+
+    @property
+    def has_search_index(self) -> bool:
+        """Every shard stores its search index (else it is built in memory on the first search)."""
+        return bool(self.index_strides) and all(s > 0 for s in self.index_strides)
 
     @property
     def bytes_per_token(self) -> float:
@@ -206,6 +213,8 @@ class Datastore:
             sa_width=max(int(s.sa_width) for s in self._shards),
             file_bytes=sum(int(s.file_size) for s in self._shards),
             format_version=int(self._shards[0].version),
+            index_strides=tuple(int(s.search_index_stride) for s in self._shards),
+            index_bytes=sum(int(s.search_index_bytes) for s in self._shards),
         )
 
     def document(self, k: int) -> np.ndarray:
@@ -303,6 +312,8 @@ def build_datastore(
     progress: Progress | None = None,
     chunk_tokens: int = 1 << 20,
     force_sa64: bool = False,
+    search_index: bool | None = None,
+    index_stride: int = 64,
 ) -> DatastoreInfo:
     """Build a datastore file from token documents and write it atomically to ``path``.
 
@@ -311,6 +322,11 @@ def build_datastore(
     [0, vocab_size). tokenizer: a Hugging Face tokenizer or a fingerprint string, recorded in the header.
     progress(phase, done, total) is called during the build. An interrupted or failed build leaves no
     file at ``path``. Returns the new datastore's info.
+
+    search_index: store the search index (``csrc/core/search_index.h``, about 1 byte per token at stride
+    64) in the file, so that the first search does not build it: None (default) stores it from 65,536
+    tokens on (smaller datastores search fast enough without one), True always, False never.
+    index_stride: its sampling stride, a power of two >= 2.
     """
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)) or vocab_size < 1:
         raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
@@ -328,7 +344,15 @@ def build_datastore(
         raise FileNotFoundError(f"directory {out.parent} does not exist")
     if chunk_tokens < 1:
         raise ValueError("chunk_tokens must be >= 1")
+    if search_index not in (None, True, False):
+        raise ValueError(f"search_index must be None, True or False, got {search_index!r}")
+    if isinstance(index_stride, bool) or not isinstance(index_stride, (int, np.integer)):
+        raise ValueError(f"index_stride must be an int, got {index_stride!r}")
+    if index_stride < 2 or index_stride & (index_stride - 1):
+        raise ValueError(f"index_stride must be a power of two >= 2, got {index_stride}")
     builder = _core.Builder(int(vocab_size), fingerprint, force_sa64)
+    min_tokens = {None: 65536, True: 0, False: 0}[search_index]
+    builder.set_search_index(0 if search_index is False else int(index_stride), min_tokens)
     for tokens, offsets in _iter_chunks(documents, chunk_tokens):
         builder.add(tokens, offsets)
         if progress is not None:

@@ -27,6 +27,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"tokenizer:     {info.tokenizer_fingerprint or '(none recorded)'}")
     print(f"widths:        token {info.token_width} B, suffix array {info.sa_width} B")
     print(f"file size:     {info.file_bytes:,} B ({info.bytes_per_token:.2f} B/token)")
+    if info.has_search_index:
+        strides = ", ".join(str(x) for x in sorted(set(info.index_strides)))
+        index = f"stored (stride {strides}, {info.index_bytes:,} B)"
+    elif any(info.index_strides):
+        index = f"stored in {sum(x > 0 for x in info.index_strides)} of {len(info.paths)} shards"
+    else:
+        index = "not stored (built in memory on the first search)"
+    print(f"search index:  {index}")
     print(f"opened in:     {opened * 1e3:.2f} ms")
     if args.verify:
         t0 = time.perf_counter()
