@@ -49,7 +49,10 @@ HEADER_FIELDS = (
     ("sa_offset", "Q"),
     ("file_size", "Q"),
     ("fingerprint", "120s"),
-    ("reserved", "40s"),
+    ("index_offset", "Q"),  # the optional stored search index (flags bit 0); 0 without one
+    ("index_bytes", "Q"),
+    ("index_checksum", "Q"),
+    ("reserved", "16s"),
     ("header_checksum", "Q"),
 )
 HEADER_STRUCT = struct.Struct("<" + "".join(code for _, code in HEADER_FIELDS))
