@@ -7,53 +7,43 @@
 
 namespace sssd {
 
-void CandidateTree::reset(int32_t root_token) {
-  tokens.assign(1, root_token);
-  parents.assign(1, -1);
-  depth.assign(1, 0);
-  match_len.assign(1, 0);
-  p.assign(1, 1.0f);
-  raw.assign(1, 1.0f);
-  f.assign(1, 1.0);
-  source.assign(1, -1);
-  source_mask.assign(1, 0);
-  first_child.assign(1, -1);
-  next_sibling.assign(1, -1);
-}
-
-int32_t CandidateTree::child(int32_t node, int32_t token) {
-  for (int32_t c = first_child[node]; c >= 0; c = next_sibling[c]) {
-    if (tokens[c] == token) return c;
+void CandidateTree::reset(int32_t root_token, int32_t max_nodes) {
+  const auto cap = static_cast<size_t>(std::max(max_nodes, 1));
+  if (tokens.size() < cap) {
+    for (auto* v : {&tokens, &parents, &depth, &match_len, &first_child, &next_sibling}) v->resize(cap);
+    p.resize(cap);
+    raw.resize(cap);
+    f.resize(cap);
+    source.resize(cap);
+    source_mask.resize(cap);
   }
-  return new_child(node, token);
-}
-
-int32_t CandidateTree::new_child(int32_t node, int32_t token) {
-  const int32_t c = size();
-  tokens.push_back(token);
-  parents.push_back(node);
-  depth.push_back(depth[node] + 1);
-  match_len.push_back(0);
-  p.push_back(0.0f);
-  raw.push_back(0.0f);
-  f.push_back(0.0);
-  source.push_back(-1);
-  source_mask.push_back(0);
-  first_child.push_back(-1);
-  next_sibling.push_back(first_child[node]);
-  first_child[node] = c;
-  return c;
+  n_ = 1;
+  tokens[0] = root_token;
+  parents[0] = -1;
+  depth[0] = 0;
+  match_len[0] = 0;
+  p[0] = 1.0f;
+  raw[0] = 1.0f;
+  f[0] = 1.0;
+  source[0] = -1;
+  source_mask[0] = 0;
+  first_child[0] = -1;
+  next_sibling[0] = -1;
 }
 
 void fuse(const CandidateTrie* const tries[kNumSources], const Calibration* cal, const FusionParams& params,
           CandidateTree& out) {
-  int32_t root = -1;
+  int32_t root = -1, max_nodes = 1;
   for (int32_t s = 0; s < kNumSources; ++s) {
-    if (tries[s] != nullptr && tries[s]->size() > 0) root = tries[s]->tokens[0];
+    if (tries[s] != nullptr && tries[s]->size() > 0) {
+      root = tries[s]->tokens[0];
+      max_nodes += tries[s]->size() - 1;  // every trie node adds at most one tree node
+    }
   }
-  out.reset(root);
+  out.reset(root, max_nodes);
   // The first source is copied without sibling searches (a trie has no duplicate children); the
-  // datastore, usually the largest trie, goes first.
+  // datastore, usually the largest trie, goes first. While merging, out.f[v] is the largest
+  // f_parent * p_s(v) over the sources merged so far (the pruning estimate); the final f comes below.
   std::vector<int32_t>& map = out.fuse_map;
   bool empty = true;
   for (int32_t s : {1, 0, 2}) {
@@ -61,14 +51,24 @@ void fuse(const CandidateTrie* const tries[kNumSources], const Calibration* cal,
     if (t == nullptr || t->size() <= 1) continue;
     const bool copy = empty;
     empty = false;
-    map.assign(static_cast<size_t>(t->size()), -1);
-    map[0] = 0;
-    for (int32_t i = 1; i < t->size(); ++i) {
-      const int32_t fp = map[static_cast<size_t>(t->parents[i])];
-      if (fp < 0 || t->depth[i] > params.max_depth) continue;
+    const int32_t n = t->size();
+    // Raw estimates and calibrated p_s of every trie node first: this loop has no data-dependent
+    // branches, so the long division + table lookup of consecutive nodes overlap in the pipeline.
+    // (Nodes the merge below drops are computed too, harmlessly.)
+    out.fuse_raw.resize(static_cast<size_t>(n));
+    out.fuse_ps.resize(static_cast<size_t>(n));
+    for (int32_t i = 1; i < n; ++i) {
       const float raw = static_cast<float>(t->counts[i]) /
                         (static_cast<float>(t->counts[t->parents[i]]) + params.alpha);
-      const float ps = cal != nullptr ? cal->apply(s, t->depth[i], t->match_len[i], raw) : raw;
+      out.fuse_raw[static_cast<size_t>(i)] = raw;
+      out.fuse_ps[static_cast<size_t>(i)] = cal != nullptr ? cal->apply(s, t->depth[i], t->match_len[i], raw) : raw;
+    }
+    map.assign(static_cast<size_t>(n), -1);
+    map[0] = 0;
+    for (int32_t i = 1; i < n; ++i) {
+      const int32_t fp = map[static_cast<size_t>(t->parents[i])];
+      if (fp < 0 || t->depth[i] > params.max_depth) continue;
+      const float ps = out.fuse_ps[static_cast<size_t>(i)];
       const double fv = out.f[fp] * static_cast<double>(ps);
       if (fv < params.min_f) continue;  // its subtree is skipped too (map stays -1)
       const int32_t v = copy ? out.new_child(fp, t->tokens[i]) : out.child(fp, t->tokens[i]);
@@ -77,7 +77,7 @@ void fuse(const CandidateTrie* const tries[kNumSources], const Calibration* cal,
       const bool first = out.source_mask[v] == 0;
       if (first || ps > out.p[v]) {
         out.source[v] = static_cast<int8_t>(s);
-        out.raw[v] = raw;
+        out.raw[v] = out.fuse_raw[static_cast<size_t>(i)];
         out.match_len[v] = t->match_len[i];
       }
       if (params.noisy_or && !first) {
@@ -88,15 +88,17 @@ void fuse(const CandidateTrie* const tries[kNumSources], const Calibration* cal,
       out.source_mask[v] |= static_cast<uint8_t>(1u << s);
     }
   }
-  // Sibling sums above 1 are impossible for a deterministic verifier (at most one child is accepted).
+  // One pass in index order (parents come first): v's p is final (its parent, visited before, scaled
+  // it), so f(v) = f(parent) * p(v); then v's children are scaled down when their p sum exceeds 1 --
+  // impossible for a deterministic verifier, which accepts at most one child.
   for (int32_t v = 0; v < out.size(); ++v) {
+    if (v > 0) out.f[v] = out.f[out.parents[v]] * static_cast<double>(out.p[v]);
     float sum = 0.0f;
     for (int32_t c = out.first_child[v]; c >= 0; c = out.next_sibling[c]) sum += out.p[c];
     if (sum > 1.0f) {
       for (int32_t c = out.first_child[v]; c >= 0; c = out.next_sibling[c]) out.p[c] /= sum;
     }
   }
-  for (int32_t v = 1; v < out.size(); ++v) out.f[v] = out.f[out.parents[v]] * static_cast<double>(out.p[v]);
 }
 
 namespace {
