@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <queue>
 #include <utility>
 
@@ -239,14 +240,58 @@ void allocate_budget(const std::vector<const double*>& seq_f, const std::vector<
       if (left(i) && need_of(i) > 0) need.push({need_of(i), -i});
     }
   }
-  // Merge by f: a heap of each tree's next node; taking one replaces it by the tree's following node.
-  static thread_local std::vector<HeapItem> heap;
+  // Merge by f: take the best next node over the trees, again and again. Both ways below pick the
+  // first next node under `before` (larger f, ties to the lower tree), which is the same whatever
+  // structure computes it, as long as that order is total: a NaN f breaks it, so NaN takes the heap.
+  bool has_nan = false;
+  for (int32_t i = 0; i < b && !has_nan; ++i) {
+    for (int32_t k = taken[static_cast<size_t>(i)]; k < len[static_cast<size_t>(i)]; ++k) {
+      if (std::isnan(seq_f[static_cast<size_t>(i)][k])) has_nan = true;
+    }
+  }
+  if (budget > static_cast<int64_t>(order.size())) order.reserve(static_cast<size_t>(budget));
+  if (!has_nan) {
+    // A tournament (loser) tree: leaf i holds tree i's next node (f, i), or kDone once the tree is
+    // exhausted (it loses to every node); each internal node keeps the loser of the match played there,
+    // and the overall winner is kept apart. Taking the winner's node replays only the matches on its
+    // leaf's path to the root: log2(leaves) comparisons, half of what a heap's sift needs.
+    const HeapItem kDone{-std::numeric_limits<double>::infinity(), std::numeric_limits<int32_t>::max()};
+    static thread_local std::vector<HeapItem> head;
+    static thread_local std::vector<int32_t> loser, win;
+    int32_t leaves = 1;
+    while (leaves < b) leaves *= 2;
+    head.assign(static_cast<size_t>(leaves), kDone);
+    for (int32_t i = 0; i < b; ++i) {
+      if (left(i)) head[static_cast<size_t>(i)] = {next_f(i), i};
+    }
+    // Nodes 1 .. leaves - 1 are the matches (children 2n, 2n + 1), leaves + i is leaf i.
+    loser.assign(static_cast<size_t>(leaves), -1);
+    win.resize(2 * static_cast<size_t>(leaves));
+    for (int32_t i = 0; i < leaves; ++i) win[static_cast<size_t>(leaves + i)] = i;
+    for (int32_t n = leaves - 1; n >= 1; --n) {
+      const int32_t x = win[2 * static_cast<size_t>(n)], y = win[2 * static_cast<size_t>(n) + 1];
+      const bool y_wins = before(head[static_cast<size_t>(y)], head[static_cast<size_t>(x)]);
+      win[static_cast<size_t>(n)] = y_wins ? y : x;
+      loser[static_cast<size_t>(n)] = y_wins ? x : y;
+    }
+    int32_t w = win[1];
+    while (static_cast<int64_t>(order.size()) < budget && head[static_cast<size_t>(w)].second != kDone.second) {
+      ++taken[static_cast<size_t>(w)];
+      order.push_back(w);
+      head[static_cast<size_t>(w)] = left(w) ? HeapItem{next_f(w), w} : kDone;
+      for (int32_t n = (w + leaves) / 2; n >= 1; n /= 2) {
+        int32_t& l = loser[static_cast<size_t>(n)];
+        if (before(head[static_cast<size_t>(l)], head[static_cast<size_t>(w)])) std::swap(l, w);
+      }
+    }
+    return;
+  }
+  static thread_local std::vector<HeapItem> heap;  // a heap of each tree's next node
   heap.clear();
   for (int32_t i = 0; i < b; ++i) {
     if (left(i)) heap.push_back({next_f(i), i});
   }
   for (size_t k = heap.size() / 2; k-- > 0;) sift_down(heap, k);
-  if (budget > static_cast<int64_t>(order.size())) order.reserve(static_cast<size_t>(budget));
   while (!heap.empty() && static_cast<int64_t>(order.size()) < budget) {
     const int32_t i = heap[0].second;
     ++taken[static_cast<size_t>(i)];
