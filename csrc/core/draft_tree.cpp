@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
+#include <cstring>
 #include <queue>
 #include <utility>
 
@@ -108,6 +108,18 @@ namespace {
 using HeapItem = std::pair<double, int32_t>;
 inline bool before(const HeapItem& a, const HeapItem& b) {
   return a.first != b.first ? a.first > b.first : a.second < b.second;
+}
+// (f, i) as one integer that orders like `before` for f not NaN: a larger key comes first. The f bits
+// are mapped to an unsigned order (negative: all bits flipped; else the sign bit set), after f + 0.0
+// turns -0.0 into +0.0 (they compare equal); the low 32 bits are ~i, so ties go to the lower index.
+// Every key of a real item is > 0.
+using MergeKey = unsigned __int128;
+inline MergeKey merge_key(double f, int32_t i) {
+  const double g = f + 0.0;
+  uint64_t bits;
+  std::memcpy(&bits, &g, sizeof bits);
+  bits = (bits >> 63) != 0 ? ~bits : bits | (uint64_t{1} << 63);
+  return (static_cast<MergeKey>(bits) << 32) | (0xffffffffu - static_cast<uint32_t>(i));
 }
 void sift_down(std::vector<HeapItem>& h, size_t i) {
   const size_t n = h.size();
@@ -251,37 +263,45 @@ void allocate_budget(const std::vector<const double*>& seq_f, const std::vector<
   }
   if (budget > static_cast<int64_t>(order.size())) order.reserve(static_cast<size_t>(budget));
   if (!has_nan) {
-    // A tournament (loser) tree: leaf i holds tree i's next node (f, i), or kDone once the tree is
-    // exhausted (it loses to every node); each internal node keeps the loser of the match played there,
-    // and the overall winner is kept apart. Taking the winner's node replays only the matches on its
-    // leaf's path to the root: log2(leaves) comparisons, half of what a heap's sift needs.
-    const HeapItem kDone{-std::numeric_limits<double>::infinity(), std::numeric_limits<int32_t>::max()};
-    static thread_local std::vector<HeapItem> head;
+    // A tournament (loser) tree: leaf i holds tree i's next node as a merge_key, or 0 once the tree is
+    // exhausted (below every node); each internal node keeps the loser of the match played there, and
+    // the overall winner is kept apart. Taking the winner's node replays only the matches on its leaf's
+    // path to the root: log2(leaves) integer comparisons, no branches (the outcomes are unpredictable).
+    static thread_local std::vector<MergeKey> key;
     static thread_local std::vector<int32_t> loser, win;
     int32_t leaves = 1;
     while (leaves < b) leaves *= 2;
-    head.assign(static_cast<size_t>(leaves), kDone);
+    key.assign(static_cast<size_t>(leaves), 0);
     for (int32_t i = 0; i < b; ++i) {
-      if (left(i)) head[static_cast<size_t>(i)] = {next_f(i), i};
+      if (left(i)) key[static_cast<size_t>(i)] = merge_key(next_f(i), i);
     }
     // Nodes 1 .. leaves - 1 are the matches (children 2n, 2n + 1), leaves + i is leaf i.
-    loser.assign(static_cast<size_t>(leaves), -1);
+    loser.assign(static_cast<size_t>(leaves), 0);
     win.resize(2 * static_cast<size_t>(leaves));
     for (int32_t i = 0; i < leaves; ++i) win[static_cast<size_t>(leaves + i)] = i;
     for (int32_t n = leaves - 1; n >= 1; --n) {
       const int32_t x = win[2 * static_cast<size_t>(n)], y = win[2 * static_cast<size_t>(n) + 1];
-      const bool y_wins = before(head[static_cast<size_t>(y)], head[static_cast<size_t>(x)]);
+      const bool y_wins = key[static_cast<size_t>(y)] > key[static_cast<size_t>(x)];
       win[static_cast<size_t>(n)] = y_wins ? y : x;
       loser[static_cast<size_t>(n)] = y_wins ? x : y;
     }
+    MergeKey* k = key.data();
+    int32_t* ls = loser.data();
     int32_t w = win[1];
-    while (static_cast<int64_t>(order.size()) < budget && head[static_cast<size_t>(w)].second != kDone.second) {
+    while (static_cast<int64_t>(order.size()) < budget && k[w] != 0) {
       ++taken[static_cast<size_t>(w)];
       order.push_back(w);
-      head[static_cast<size_t>(w)] = left(w) ? HeapItem{next_f(w), w} : kDone;
+      MergeKey kw = left(w) ? merge_key(next_f(w), w) : 0;  // the current winner's key, in registers
+      k[w] = kw;
       for (int32_t n = (w + leaves) / 2; n >= 1; n /= 2) {
-        int32_t& l = loser[static_cast<size_t>(n)];
-        if (before(head[static_cast<size_t>(l)], head[static_cast<size_t>(w)])) std::swap(l, w);
+        const int32_t l = ls[n];
+        const MergeKey kl = k[l];  // loaded off the dependency chain of w
+        // Masks rather than `?:` keep the compiler from turning the store into a branch.
+        const int32_t m = -static_cast<int32_t>(kl > kw);  // all ones: l wins
+        const int32_t w_next = (l & m) | (w & ~m);
+        ls[n] = (w & m) | (l & ~m);
+        w = w_next;
+        kw = m != 0 ? kl : kw;
       }
     }
     return;
