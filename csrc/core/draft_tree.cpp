@@ -121,35 +121,55 @@ inline MergeKey merge_key(double f, int32_t i) {
   bits = (bits >> 63) != 0 ? ~bits : bits | (uint64_t{1} << 63);
   return (static_cast<MergeKey>(bits) << 32) | (0xffffffffu - static_cast<uint32_t>(i));
 }
-void sift_down(std::vector<HeapItem>& h, size_t i) {
+
+// Two ways to key a max-heap of (f, node) items, with the same order: `before` on pairs, or a
+// merge_key compared as one integer (no NaN allowed; cheaper, and its comparisons need no branches).
+struct PairOrder {
+  using Item = HeapItem;
+  static Item item(double f, int32_t i) { return {f, i}; }
+  static int32_t index(const Item& x) { return x.second; }
+  static bool first(const Item& a, const Item& b) { return before(a, b); }
+};
+struct KeyOrder {
+  using Item = MergeKey;
+  static Item item(double f, int32_t i) { return merge_key(f, i); }
+  static int32_t index(Item x) { return static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(x)); }
+  static bool first(Item a, Item b) { return a > b; }
+};
+
+template <class O>
+void sift_down(std::vector<typename O::Item>& h, size_t i) {
   const size_t n = h.size();
-  const HeapItem x = h[i];
+  const auto x = h[i];
   for (;;) {
     size_t c = 2 * i + 1;
     if (c >= n) break;
-    if (c + 1 < n && before(h[c + 1], h[c])) ++c;
-    if (!before(h[c], x)) break;
+    c += static_cast<size_t>(c + 1 < n && O::first(h[c + 1], h[c]));
+    if (!O::first(h[c], x)) break;
     h[i] = h[c];
     i = c;
   }
   h[i] = x;
 }
-void sift_up(std::vector<HeapItem>& h, size_t i) {
-  const HeapItem x = h[i];
+template <class O>
+void sift_up(std::vector<typename O::Item>& h, size_t i) {
+  const auto x = h[i];
   while (i > 0) {
     const size_t parent = (i - 1) / 2;
-    if (!before(x, h[parent])) break;
+    if (!O::first(x, h[parent])) break;
     h[i] = h[parent];
     i = parent;
   }
   h[i] = x;
 }
-void heap_push(std::vector<HeapItem>& h, HeapItem x) {
+template <class O>
+void heap_push(std::vector<typename O::Item>& h, typename O::Item x) {
   h.push_back(x);
-  sift_up(h, h.size() - 1);
+  sift_up<O>(h, h.size() - 1);
 }
 // Replaces the top by x (or removes it when x is null) in one sift.
-void heap_replace_top(std::vector<HeapItem>& h, const HeapItem* x) {
+template <class O>
+void heap_replace_top(std::vector<typename O::Item>& h, const typename O::Item* x) {
   if (x != nullptr) {
     h[0] = *x;
   } else {
@@ -157,25 +177,25 @@ void heap_replace_top(std::vector<HeapItem>& h, const HeapItem* x) {
     h.pop_back();
     if (h.empty()) return;
   }
-  sift_down(h, 0);
+  sift_down<O>(h, 0);
 }
 
 // Best-first selection given the children of each node: for_children(v, fn) calls fn(c) for every
-// child c of v (any order).
-template <class ForChildren>
+// child c of v (any order). `heap` is the scratch heap of the order O.
+template <class O, class ForChildren>
 void select_best_first(const double* f, const int32_t* depth, int32_t cap, int32_t max_depth, int32_t max_width,
-                       ForChildren&& for_children, std::vector<int32_t>& seq, SelectScratch& sc) {
+                       ForChildren&& for_children, std::vector<int32_t>& seq, std::vector<typename O::Item>& heap,
+                       SelectScratch& sc) {
   sc.width.assign(static_cast<size_t>(std::max(max_depth, 0)) + 2, 0);
-  auto& heap = sc.heap;
   heap.clear();
   for_children(0, [&](int32_t c) {
-    if (depth[c] <= max_depth) heap_push(heap, {f[c], c});
+    if (depth[c] <= max_depth) heap_push<O>(heap, O::item(f[c], c));
   });
   while (!heap.empty() && static_cast<int32_t>(seq.size()) < cap) {
-    const int32_t v = heap[0].second;
+    const int32_t v = O::index(heap[0]);
     int32_t& w = sc.width[static_cast<size_t>(depth[v])];
     if (max_width > 0 && w >= max_width) {
-      heap_replace_top(heap, nullptr);
+      heap_replace_top<O>(heap, nullptr);
       continue;
     }
     ++w;
@@ -184,15 +204,27 @@ void select_best_first(const double* f, const int32_t* depth, int32_t cap, int32
     bool top_free = true;
     for_children(v, [&](int32_t c) {
       if (depth[c] > max_depth) return;
-      const HeapItem item{f[c], c};
+      const auto item = O::item(f[c], c);
       if (top_free) {
-        heap_replace_top(heap, &item);
+        heap_replace_top<O>(heap, &item);
         top_free = false;
       } else {
-        heap_push(heap, item);
+        heap_push<O>(heap, item);
       }
     });
-    if (top_free) heap_replace_top(heap, nullptr);
+    if (top_free) heap_replace_top<O>(heap, nullptr);
+  }
+}
+// select_best_first with integer keys unless some f is NaN (n: the number of nodes).
+template <class ForChildren>
+void select_best_first(const double* f, const int32_t* depth, int32_t n, int32_t cap, int32_t max_depth,
+                       int32_t max_width, ForChildren&& for_children, std::vector<int32_t>& seq, SelectScratch& sc) {
+  bool has_nan = false;
+  for (int32_t v = 0; v < n; ++v) has_nan |= std::isnan(f[v]);
+  if (has_nan) {
+    select_best_first<PairOrder>(f, depth, cap, max_depth, max_width, for_children, seq, sc.heap, sc);
+  } else {
+    select_best_first<KeyOrder>(f, depth, cap, max_depth, max_width, for_children, seq, sc.key_heap, sc);
   }
 }
 }  // namespace
@@ -215,7 +247,7 @@ void select_sequence(const int32_t* parents, const double* f, const int32_t* dep
       fn(sc.kids[static_cast<size_t>(k)]);
     }
   };
-  select_best_first(f, depth, cap, max_depth, max_width, for_children, seq, sc);
+  select_best_first(f, depth, n, cap, max_depth, max_width, for_children, seq, sc);
 }
 
 void select_sequence(const CandidateTree& t, int32_t cap, int32_t max_depth, int32_t max_width,
@@ -225,7 +257,7 @@ void select_sequence(const CandidateTree& t, int32_t cap, int32_t max_depth, int
   auto for_children = [&](int32_t v, auto&& fn) {
     for (int32_t c = t.first_child[static_cast<size_t>(v)]; c >= 0; c = t.next_sibling[static_cast<size_t>(c)]) fn(c);
   };
-  select_best_first(t.f.data(), t.depth.data(), cap, max_depth, max_width, for_children, seq, scratch);
+  select_best_first(t.f.data(), t.depth.data(), t.size(), cap, max_depth, max_width, for_children, seq, scratch);
 }
 
 void allocate_budget(const std::vector<const double*>& seq_f, const std::vector<int32_t>& len, int64_t budget,
@@ -311,16 +343,16 @@ void allocate_budget(const std::vector<const double*>& seq_f, const std::vector<
   for (int32_t i = 0; i < b; ++i) {
     if (left(i)) heap.push_back({next_f(i), i});
   }
-  for (size_t k = heap.size() / 2; k-- > 0;) sift_down(heap, k);
+  for (size_t k = heap.size() / 2; k-- > 0;) sift_down<PairOrder>(heap, k);
   while (!heap.empty() && static_cast<int64_t>(order.size()) < budget) {
     const int32_t i = heap[0].second;
     ++taken[static_cast<size_t>(i)];
     order.push_back(i);
     if (left(i)) {
       const HeapItem next{next_f(i), i};
-      heap_replace_top(heap, &next);
+      heap_replace_top<PairOrder>(heap, &next);
     } else {
-      heap_replace_top(heap, nullptr);
+      heap_replace_top<PairOrder>(heap, nullptr);
     }
   }
 }

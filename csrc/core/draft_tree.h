@@ -72,6 +72,7 @@ struct CandidateTree {
 struct SelectScratch {
   std::vector<int32_t> start, kids, fill, width;
   std::vector<std::pair<double, int32_t>> heap;
+  std::vector<unsigned __int128> key_heap;  // the same heap as (f, node) integer keys
 };
 
 // tries[s] may be null (source off). Calibration may be null (p_s = raw).
