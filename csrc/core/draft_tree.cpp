@@ -89,16 +89,18 @@ void fuse(const CandidateTrie* const tries[kNumSources], const Calibration* cal,
       out.source_mask[v] |= static_cast<uint8_t>(1u << s);
     }
   }
-  // One pass in index order (parents come first): v's p is final (its parent, visited before, scaled
-  // it), so f(v) = f(parent) * p(v); then v's children are scaled down when their p sum exceeds 1 --
-  // impossible for a deterministic verifier, which accepts at most one child.
-  for (int32_t v = 0; v < out.size(); ++v) {
-    if (v > 0) out.f[v] = out.f[out.parents[v]] * static_cast<double>(out.p[v]);
-    float sum = 0.0f;
-    for (int32_t c = out.first_child[v]; c >= 0; c = out.next_sibling[c]) sum += out.p[c];
-    if (sum > 1.0f) {
-      for (int32_t c = out.first_child[v]; c >= 0; c = out.next_sibling[c]) out.p[c] /= sum;
-    }
+  // Siblings whose p sum exceeds 1 are scaled down to sum 1 (impossible for a deterministic verifier,
+  // which accepts at most one child); then f(v) = f(parent) * p(v). The sums are accumulated over the
+  // nodes in decreasing index order, which is each child list's order (new_child prepends), so every
+  // float sum is rounded exactly as a walk of the child list would; two flat passes instead of walks.
+  const int32_t n = out.size();
+  std::vector<float>& sum = out.fuse_raw;  // reused: [n] p sum of each node's children
+  sum.assign(static_cast<size_t>(n), 0.0f);
+  for (int32_t v = n - 1; v >= 1; --v) sum[static_cast<size_t>(out.parents[v])] += out.p[v];
+  for (int32_t v = 1; v < n; ++v) {
+    const float s = sum[static_cast<size_t>(out.parents[v])];
+    if (s > 1.0f) out.p[v] /= s;
+    out.f[v] = out.f[out.parents[v]] * static_cast<double>(out.p[v]);
   }
 }
 
