@@ -7,7 +7,7 @@ import pytest
 import sssd
 from hypothesis import given
 from hypothesis import strategies as st
-from sssd import budget_alloc
+from sssd import _core, budget_alloc
 from sssd import reference_drafter as ref
 
 
@@ -127,3 +127,50 @@ def test_drafter_slo_in_propose():
     slo = d.propose([0, 1], budget=3, slo=[None, 0.001], step_time=0.02)
     assert np.diff(plain.offsets).tolist()[1] < np.diff(slo.offsets).tolist()[1]
     assert slo.rank[slo.offsets[1] + 1] == 0  # the short request took the first node
+
+
+def _random_tree(rng, n, values):
+    parents = [-1] + [int(rng.integers(0, i)) for i in range(1, n)]
+    depth, f = [0], [1.0]
+    for i in range(1, n):
+        depth.append(depth[parents[i]] + 1)
+        f.append(f[parents[i]] * float(rng.choice(values)))
+    return parents, f, depth
+
+
+@pytest.mark.parametrize("values", [(0.5, 0.25, 1.0), (0.0, -0.0, 0.5, 1.0), (0.3, 0.7, 1.2, -0.5)])
+def test_sequence_and_merge_keys_on_ties_signed_zeros_and_growing_f(values):
+    """The native heaps and the batch merge compare (f, index) as one integer key: ties (many equal f),
+    -0.0 == +0.0, negative f and f growing along a path must still give the reference's order, on trees
+    and batches larger than a tournament's power of two."""
+    rng = np.random.default_rng(len(values))
+    for _ in range(40):
+        parents, f, depth = _random_tree(rng, int(rng.integers(1, 200)), values)
+        cap, max_depth = int(rng.integers(0, 130)), int(rng.integers(1, 12))
+        arrays = np.asarray(parents, np.int32), np.asarray(f, np.float64), np.asarray(depth, np.int32)
+        got = _core.select_sequence(*arrays, cap, max_depth, 0)
+        assert got.tolist() == ref.select_sequence(parents, f, depth, cap, max_depth, 0)
+        b = int(rng.integers(0, 70))
+        fs = [np.asarray(rng.choice(values, int(rng.integers(0, 9))), np.float64) for _ in range(b)]
+        budget = int(rng.integers(0, 300))
+        got = _core.allocate_budget(fs, budget, None, 0.02, 0.0)
+        assert got.tolist() == ref.allocate_budget([x.tolist() for x in fs], budget)
+
+
+def test_nan_f_keeps_a_valid_selection_and_allocation():
+    """NaN has no place in the integer key order: those inputs take the pair heaps, and stay well formed."""
+    rng = np.random.default_rng(7)
+    for _ in range(20):
+        parents, f, depth = _random_tree(rng, 60, (0.5, 0.9))
+        f[int(rng.integers(1, 60))] = np.nan
+        seq = _core.select_sequence(
+            np.asarray(parents, np.int32), np.asarray(f, np.float64), np.asarray(depth, np.int32), 30, 64, 0
+        ).tolist()
+        chosen = {0}
+        for v in seq:
+            assert parents[v] in chosen and v not in chosen
+            chosen.add(v)
+        assert len(seq) == 30
+        fs = [np.asarray([0.9, np.nan, 0.1]), np.asarray([0.5, 0.4]), np.asarray([np.nan])]
+        order = _core.allocate_budget(fs, 10, None, 0.02, 0.0).tolist()
+        assert sorted(order) == [0, 0, 0, 1, 1, 2]

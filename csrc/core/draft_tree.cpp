@@ -2,58 +2,49 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <queue>
 #include <utility>
 
 namespace sssd {
 
-void CandidateTree::reset(int32_t root_token) {
-  tokens.assign(1, root_token);
-  parents.assign(1, -1);
-  depth.assign(1, 0);
-  match_len.assign(1, 0);
-  p.assign(1, 1.0f);
-  raw.assign(1, 1.0f);
-  f.assign(1, 1.0);
-  source.assign(1, -1);
-  source_mask.assign(1, 0);
-  first_child.assign(1, -1);
-  next_sibling.assign(1, -1);
-}
-
-int32_t CandidateTree::child(int32_t node, int32_t token) {
-  for (int32_t c = first_child[node]; c >= 0; c = next_sibling[c]) {
-    if (tokens[c] == token) return c;
+void CandidateTree::reset(int32_t root_token, int32_t max_nodes) {
+  const auto cap = static_cast<size_t>(std::max(max_nodes, 1));
+  if (tokens.size() < cap) {
+    for (auto* v : {&tokens, &parents, &depth, &match_len, &first_child, &next_sibling}) v->resize(cap);
+    p.resize(cap);
+    raw.resize(cap);
+    f.resize(cap);
+    source.resize(cap);
+    source_mask.resize(cap);
   }
-  return new_child(node, token);
-}
-
-int32_t CandidateTree::new_child(int32_t node, int32_t token) {
-  const int32_t c = size();
-  tokens.push_back(token);
-  parents.push_back(node);
-  depth.push_back(depth[node] + 1);
-  match_len.push_back(0);
-  p.push_back(0.0f);
-  raw.push_back(0.0f);
-  f.push_back(0.0);
-  source.push_back(-1);
-  source_mask.push_back(0);
-  first_child.push_back(-1);
-  next_sibling.push_back(first_child[node]);
-  first_child[node] = c;
-  return c;
+  n_ = 1;
+  tokens[0] = root_token;
+  parents[0] = -1;
+  depth[0] = 0;
+  match_len[0] = 0;
+  p[0] = 1.0f;
+  raw[0] = 1.0f;
+  f[0] = 1.0;
+  source[0] = -1;
+  source_mask[0] = 0;
+  first_child[0] = -1;
+  next_sibling[0] = -1;
 }
 
 void fuse(const CandidateTrie* const tries[kNumSources], const Calibration* cal, const FusionParams& params,
           CandidateTree& out) {
-  int32_t root = -1;
+  int32_t root = -1, max_nodes = 1;
   for (int32_t s = 0; s < kNumSources; ++s) {
-    if (tries[s] != nullptr && tries[s]->size() > 0) root = tries[s]->tokens[0];
+    if (tries[s] != nullptr && tries[s]->size() > 0) {
+      root = tries[s]->tokens[0];
+      max_nodes += tries[s]->size() - 1;  // every trie node adds at most one tree node
+    }
   }
-  out.reset(root);
+  out.reset(root, max_nodes);
   // The first source is copied without sibling searches (a trie has no duplicate children); the
-  // datastore, usually the largest trie, goes first.
+  // datastore, usually the largest trie, goes first. While merging, out.f[v] is the largest
+  // f_parent * p_s(v) over the sources merged so far (the pruning estimate); the final f comes below.
   std::vector<int32_t>& map = out.fuse_map;
   bool empty = true;
   for (int32_t s : {1, 0, 2}) {
@@ -61,14 +52,24 @@ void fuse(const CandidateTrie* const tries[kNumSources], const Calibration* cal,
     if (t == nullptr || t->size() <= 1) continue;
     const bool copy = empty;
     empty = false;
-    map.assign(static_cast<size_t>(t->size()), -1);
-    map[0] = 0;
-    for (int32_t i = 1; i < t->size(); ++i) {
-      const int32_t fp = map[static_cast<size_t>(t->parents[i])];
-      if (fp < 0 || t->depth[i] > params.max_depth) continue;
+    const int32_t n = t->size();
+    // Raw estimates and calibrated p_s of every trie node first: this loop has no data-dependent
+    // branches, so the long division + table lookup of consecutive nodes overlap in the pipeline.
+    // (Nodes the merge below drops are computed too, harmlessly.)
+    out.fuse_raw.resize(static_cast<size_t>(n));
+    out.fuse_ps.resize(static_cast<size_t>(n));
+    for (int32_t i = 1; i < n; ++i) {
       const float raw = static_cast<float>(t->counts[i]) /
                         (static_cast<float>(t->counts[t->parents[i]]) + params.alpha);
-      const float ps = cal != nullptr ? cal->apply(s, t->depth[i], t->match_len[i], raw) : raw;
+      out.fuse_raw[static_cast<size_t>(i)] = raw;
+      out.fuse_ps[static_cast<size_t>(i)] = cal != nullptr ? cal->apply(s, t->depth[i], t->match_len[i], raw) : raw;
+    }
+    map.assign(static_cast<size_t>(n), -1);
+    map[0] = 0;
+    for (int32_t i = 1; i < n; ++i) {
+      const int32_t fp = map[static_cast<size_t>(t->parents[i])];
+      if (fp < 0 || t->depth[i] > params.max_depth) continue;
+      const float ps = out.fuse_ps[static_cast<size_t>(i)];
       const double fv = out.f[fp] * static_cast<double>(ps);
       if (fv < params.min_f) continue;  // its subtree is skipped too (map stays -1)
       const int32_t v = copy ? out.new_child(fp, t->tokens[i]) : out.child(fp, t->tokens[i]);
@@ -77,7 +78,7 @@ void fuse(const CandidateTrie* const tries[kNumSources], const Calibration* cal,
       const bool first = out.source_mask[v] == 0;
       if (first || ps > out.p[v]) {
         out.source[v] = static_cast<int8_t>(s);
-        out.raw[v] = raw;
+        out.raw[v] = out.fuse_raw[static_cast<size_t>(i)];
         out.match_len[v] = t->match_len[i];
       }
       if (params.noisy_or && !first) {
@@ -88,15 +89,19 @@ void fuse(const CandidateTrie* const tries[kNumSources], const Calibration* cal,
       out.source_mask[v] |= static_cast<uint8_t>(1u << s);
     }
   }
-  // Sibling sums above 1 are impossible for a deterministic verifier (at most one child is accepted).
-  for (int32_t v = 0; v < out.size(); ++v) {
-    float sum = 0.0f;
-    for (int32_t c = out.first_child[v]; c >= 0; c = out.next_sibling[c]) sum += out.p[c];
-    if (sum > 1.0f) {
-      for (int32_t c = out.first_child[v]; c >= 0; c = out.next_sibling[c]) out.p[c] /= sum;
-    }
+  // Siblings whose p sum exceeds 1 are scaled down to sum 1 (impossible for a deterministic verifier,
+  // which accepts at most one child); then f(v) = f(parent) * p(v). The sums are accumulated over the
+  // nodes in decreasing index order, which is each child list's order (new_child prepends), so every
+  // float sum is rounded exactly as a walk of the child list would; two flat passes instead of walks.
+  const int32_t n = out.size();
+  std::vector<float>& sum = out.fuse_raw;  // reused: [n] p sum of each node's children
+  sum.assign(static_cast<size_t>(n), 0.0f);
+  for (int32_t v = n - 1; v >= 1; --v) sum[static_cast<size_t>(out.parents[v])] += out.p[v];
+  for (int32_t v = 1; v < n; ++v) {
+    const float s = sum[static_cast<size_t>(out.parents[v])];
+    if (s > 1.0f) out.p[v] /= s;
+    out.f[v] = out.f[out.parents[v]] * static_cast<double>(out.p[v]);
   }
-  for (int32_t v = 1; v < out.size(); ++v) out.f[v] = out.f[out.parents[v]] * static_cast<double>(out.p[v]);
 }
 
 namespace {
@@ -106,35 +111,67 @@ using HeapItem = std::pair<double, int32_t>;
 inline bool before(const HeapItem& a, const HeapItem& b) {
   return a.first != b.first ? a.first > b.first : a.second < b.second;
 }
-void sift_down(std::vector<HeapItem>& h, size_t i) {
+// (f, i) as one integer that orders like `before` for f not NaN: a larger key comes first. The f bits
+// are mapped to an unsigned order (negative: all bits flipped; else the sign bit set), after f + 0.0
+// turns -0.0 into +0.0 (they compare equal); the low 32 bits are ~i, so ties go to the lower index.
+// Every key of a real item is > 0.
+using MergeKey = unsigned __int128;
+inline MergeKey merge_key(double f, int32_t i) {
+  const double g = f + 0.0;
+  uint64_t bits;
+  std::memcpy(&bits, &g, sizeof bits);
+  bits = (bits >> 63) != 0 ? ~bits : bits | (uint64_t{1} << 63);
+  return (static_cast<MergeKey>(bits) << 32) | (0xffffffffu - static_cast<uint32_t>(i));
+}
+
+// Two ways to key a max-heap of (f, node) items, with the same order: `before` on pairs, or a
+// merge_key compared as one integer (no NaN allowed; cheaper, and its comparisons need no branches).
+struct PairOrder {
+  using Item = HeapItem;
+  static Item item(double f, int32_t i) { return {f, i}; }
+  static int32_t index(const Item& x) { return x.second; }
+  static bool first(const Item& a, const Item& b) { return before(a, b); }
+};
+struct KeyOrder {
+  using Item = MergeKey;
+  static Item item(double f, int32_t i) { return merge_key(f, i); }
+  static int32_t index(Item x) { return static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(x)); }
+  static bool first(Item a, Item b) { return a > b; }
+};
+
+template <class O>
+void sift_down(std::vector<typename O::Item>& h, size_t i) {
   const size_t n = h.size();
-  const HeapItem x = h[i];
+  const auto x = h[i];
   for (;;) {
     size_t c = 2 * i + 1;
     if (c >= n) break;
-    if (c + 1 < n && before(h[c + 1], h[c])) ++c;
-    if (!before(h[c], x)) break;
+    c += static_cast<size_t>(c + 1 < n && O::first(h[c + 1], h[c]));
+    if (!O::first(h[c], x)) break;
     h[i] = h[c];
     i = c;
   }
   h[i] = x;
 }
-void sift_up(std::vector<HeapItem>& h, size_t i) {
-  const HeapItem x = h[i];
+template <class O>
+void sift_up(std::vector<typename O::Item>& h, size_t i) {
+  const auto x = h[i];
   while (i > 0) {
     const size_t parent = (i - 1) / 2;
-    if (!before(x, h[parent])) break;
+    if (!O::first(x, h[parent])) break;
     h[i] = h[parent];
     i = parent;
   }
   h[i] = x;
 }
-void heap_push(std::vector<HeapItem>& h, HeapItem x) {
+template <class O>
+void heap_push(std::vector<typename O::Item>& h, typename O::Item x) {
   h.push_back(x);
-  sift_up(h, h.size() - 1);
+  sift_up<O>(h, h.size() - 1);
 }
 // Replaces the top by x (or removes it when x is null) in one sift.
-void heap_replace_top(std::vector<HeapItem>& h, const HeapItem* x) {
+template <class O>
+void heap_replace_top(std::vector<typename O::Item>& h, const typename O::Item* x) {
   if (x != nullptr) {
     h[0] = *x;
   } else {
@@ -142,25 +179,25 @@ void heap_replace_top(std::vector<HeapItem>& h, const HeapItem* x) {
     h.pop_back();
     if (h.empty()) return;
   }
-  sift_down(h, 0);
+  sift_down<O>(h, 0);
 }
 
 // Best-first selection given the children of each node: for_children(v, fn) calls fn(c) for every
-// child c of v (any order).
-template <class ForChildren>
+// child c of v (any order). `heap` is the scratch heap of the order O.
+template <class O, class ForChildren>
 void select_best_first(const double* f, const int32_t* depth, int32_t cap, int32_t max_depth, int32_t max_width,
-                       ForChildren&& for_children, std::vector<int32_t>& seq, SelectScratch& sc) {
+                       ForChildren&& for_children, std::vector<int32_t>& seq, std::vector<typename O::Item>& heap,
+                       SelectScratch& sc) {
   sc.width.assign(static_cast<size_t>(std::max(max_depth, 0)) + 2, 0);
-  auto& heap = sc.heap;
   heap.clear();
   for_children(0, [&](int32_t c) {
-    if (depth[c] <= max_depth) heap_push(heap, {f[c], c});
+    if (depth[c] <= max_depth) heap_push<O>(heap, O::item(f[c], c));
   });
   while (!heap.empty() && static_cast<int32_t>(seq.size()) < cap) {
-    const int32_t v = heap[0].second;
+    const int32_t v = O::index(heap[0]);
     int32_t& w = sc.width[static_cast<size_t>(depth[v])];
     if (max_width > 0 && w >= max_width) {
-      heap_replace_top(heap, nullptr);
+      heap_replace_top<O>(heap, nullptr);
       continue;
     }
     ++w;
@@ -169,15 +206,27 @@ void select_best_first(const double* f, const int32_t* depth, int32_t cap, int32
     bool top_free = true;
     for_children(v, [&](int32_t c) {
       if (depth[c] > max_depth) return;
-      const HeapItem item{f[c], c};
+      const auto item = O::item(f[c], c);
       if (top_free) {
-        heap_replace_top(heap, &item);
+        heap_replace_top<O>(heap, &item);
         top_free = false;
       } else {
-        heap_push(heap, item);
+        heap_push<O>(heap, item);
       }
     });
-    if (top_free) heap_replace_top(heap, nullptr);
+    if (top_free) heap_replace_top<O>(heap, nullptr);
+  }
+}
+// select_best_first with integer keys unless some f is NaN (n: the number of nodes).
+template <class ForChildren>
+void select_best_first(const double* f, const int32_t* depth, int32_t n, int32_t cap, int32_t max_depth,
+                       int32_t max_width, ForChildren&& for_children, std::vector<int32_t>& seq, SelectScratch& sc) {
+  bool has_nan = false;
+  for (int32_t v = 0; v < n; ++v) has_nan |= std::isnan(f[v]);
+  if (has_nan) {
+    select_best_first<PairOrder>(f, depth, cap, max_depth, max_width, for_children, seq, sc.heap, sc);
+  } else {
+    select_best_first<KeyOrder>(f, depth, cap, max_depth, max_width, for_children, seq, sc.key_heap, sc);
   }
 }
 }  // namespace
@@ -200,7 +249,7 @@ void select_sequence(const int32_t* parents, const double* f, const int32_t* dep
       fn(sc.kids[static_cast<size_t>(k)]);
     }
   };
-  select_best_first(f, depth, cap, max_depth, max_width, for_children, seq, sc);
+  select_best_first(f, depth, n, cap, max_depth, max_width, for_children, seq, sc);
 }
 
 void select_sequence(const CandidateTree& t, int32_t cap, int32_t max_depth, int32_t max_width,
@@ -210,7 +259,7 @@ void select_sequence(const CandidateTree& t, int32_t cap, int32_t max_depth, int
   auto for_children = [&](int32_t v, auto&& fn) {
     for (int32_t c = t.first_child[static_cast<size_t>(v)]; c >= 0; c = t.next_sibling[static_cast<size_t>(c)]) fn(c);
   };
-  select_best_first(t.f.data(), t.depth.data(), cap, max_depth, max_width, for_children, seq, scratch);
+  select_best_first(t.f.data(), t.depth.data(), t.size(), cap, max_depth, max_width, for_children, seq, scratch);
 }
 
 void allocate_budget(const std::vector<const double*>& seq_f, const std::vector<int32_t>& len, int64_t budget,
@@ -237,23 +286,75 @@ void allocate_budget(const std::vector<const double*>& seq_f, const std::vector<
       if (left(i) && need_of(i) > 0) need.push({need_of(i), -i});
     }
   }
-  // Merge by f: a heap of each tree's next node; taking one replaces it by the tree's following node.
-  static thread_local std::vector<HeapItem> heap;
+  // Merge by f: take the best next node over the trees, again and again. Both ways below pick the
+  // first next node under `before` (larger f, ties to the lower tree), which is the same whatever
+  // structure computes it, as long as that order is total: a NaN f breaks it, so NaN takes the heap.
+  bool has_nan = false;
+  for (int32_t i = 0; i < b && !has_nan; ++i) {
+    for (int32_t k = taken[static_cast<size_t>(i)]; k < len[static_cast<size_t>(i)]; ++k) {
+      if (std::isnan(seq_f[static_cast<size_t>(i)][k])) has_nan = true;
+    }
+  }
+  if (budget > static_cast<int64_t>(order.size())) order.reserve(static_cast<size_t>(budget));
+  if (!has_nan) {
+    // A tournament (loser) tree: leaf i holds tree i's next node as a merge_key, or 0 once the tree is
+    // exhausted (below every node); each internal node keeps the loser of the match played there, and
+    // the overall winner is kept apart. Taking the winner's node replays only the matches on its leaf's
+    // path to the root: log2(leaves) integer comparisons, no branches (the outcomes are unpredictable).
+    static thread_local std::vector<MergeKey> key;
+    static thread_local std::vector<int32_t> loser, win;
+    int32_t leaves = 1;
+    while (leaves < b) leaves *= 2;
+    key.assign(static_cast<size_t>(leaves), 0);
+    for (int32_t i = 0; i < b; ++i) {
+      if (left(i)) key[static_cast<size_t>(i)] = merge_key(next_f(i), i);
+    }
+    // Nodes 1 .. leaves - 1 are the matches (children 2n, 2n + 1), leaves + i is leaf i.
+    loser.assign(static_cast<size_t>(leaves), 0);
+    win.resize(2 * static_cast<size_t>(leaves));
+    for (int32_t i = 0; i < leaves; ++i) win[static_cast<size_t>(leaves + i)] = i;
+    for (int32_t n = leaves - 1; n >= 1; --n) {
+      const int32_t x = win[2 * static_cast<size_t>(n)], y = win[2 * static_cast<size_t>(n) + 1];
+      const bool y_wins = key[static_cast<size_t>(y)] > key[static_cast<size_t>(x)];
+      win[static_cast<size_t>(n)] = y_wins ? y : x;
+      loser[static_cast<size_t>(n)] = y_wins ? x : y;
+    }
+    MergeKey* k = key.data();
+    int32_t* ls = loser.data();
+    int32_t w = win[1];
+    while (static_cast<int64_t>(order.size()) < budget && k[w] != 0) {
+      ++taken[static_cast<size_t>(w)];
+      order.push_back(w);
+      MergeKey kw = left(w) ? merge_key(next_f(w), w) : 0;  // the current winner's key, in registers
+      k[w] = kw;
+      for (int32_t n = (w + leaves) / 2; n >= 1; n /= 2) {
+        const int32_t l = ls[n];
+        const MergeKey kl = k[l];  // loaded off the dependency chain of w
+        // Masks rather than `?:` keep the compiler from turning the store into a branch.
+        const int32_t m = -static_cast<int32_t>(kl > kw);  // all ones: l wins
+        const int32_t w_next = (l & m) | (w & ~m);
+        ls[n] = (w & m) | (l & ~m);
+        w = w_next;
+        kw = m != 0 ? kl : kw;
+      }
+    }
+    return;
+  }
+  static thread_local std::vector<HeapItem> heap;  // a heap of each tree's next node
   heap.clear();
   for (int32_t i = 0; i < b; ++i) {
     if (left(i)) heap.push_back({next_f(i), i});
   }
-  for (size_t k = heap.size() / 2; k-- > 0;) sift_down(heap, k);
-  if (budget > static_cast<int64_t>(order.size())) order.reserve(static_cast<size_t>(budget));
+  for (size_t k = heap.size() / 2; k-- > 0;) sift_down<PairOrder>(heap, k);
   while (!heap.empty() && static_cast<int64_t>(order.size()) < budget) {
     const int32_t i = heap[0].second;
     ++taken[static_cast<size_t>(i)];
     order.push_back(i);
     if (left(i)) {
       const HeapItem next{next_f(i), i};
-      heap_replace_top(heap, &next);
+      heap_replace_top<PairOrder>(heap, &next);
     } else {
-      heap_replace_top(heap, nullptr);
+      heap_replace_top<PairOrder>(heap, nullptr);
     }
   }
 }

@@ -22,25 +22,57 @@ struct FusionParams {
   double min_f = 1e-4;      // candidates whose f (before sibling normalization) is below are dropped
 };
 
+// The fused tree, flat in creation order (parents[v] < v, node 0 the root). The arrays are sized for
+// the largest tree seen so far and never shrink (a thread's tree is rebuilt for every request, so no
+// allocation happens once warm); only the first size() entries belong to the current tree.
 struct CandidateTree {
-  std::vector<int32_t> tokens, parents, depth, match_len;  // [size()]
+  std::vector<int32_t> tokens, parents, depth, match_len;  // [size()] (used part)
   std::vector<float> p, raw;                               // [size()] fused p(v|parent); winner's raw
   std::vector<double> f;                                   // [size()] accumulated probability
   std::vector<int8_t> source;                              // [size()] winner source (-1 for the root)
   std::vector<uint8_t> source_mask;                        // [size()] bit s: source s proposed v
-  std::vector<int32_t> first_child, next_sibling;
-  std::vector<int32_t> fuse_map;                           // scratch of fuse(): trie node -> tree node
+  std::vector<int32_t> first_child, next_sibling;          // [size()] child lists (-1: none)
+  // Scratch of fuse(), per trie node of the source being merged: trie node -> tree node (-1: dropped),
+  // and the source's raw estimate and calibrated p_s.
+  std::vector<int32_t> fuse_map;
+  std::vector<float> fuse_raw, fuse_ps;
 
-  void reset(int32_t root_token);
-  int32_t size() const { return static_cast<int32_t>(tokens.size()); }
-  int32_t child(int32_t node, int32_t token);         // finds or creates
-  int32_t new_child(int32_t node, int32_t token);     // creates (the caller knows it is new)
+  // Empties the tree to its root, with room for max_nodes nodes (root included) without reallocation.
+  void reset(int32_t root_token, int32_t max_nodes);
+  int32_t size() const { return n_; }
+  int32_t child(int32_t node, int32_t token) {  // finds or creates
+    for (int32_t c = first_child[node]; c >= 0; c = next_sibling[c]) {
+      if (tokens[c] == token) return c;
+    }
+    return new_child(node, token);
+  }
+  // Creates a child the caller knows is new. At most max_nodes (of reset) nodes may exist.
+  int32_t new_child(int32_t node, int32_t token) {
+    const int32_t c = n_++;
+    tokens[c] = token;
+    parents[c] = node;
+    depth[c] = depth[node] + 1;
+    match_len[c] = 0;
+    p[c] = 0.0f;
+    raw[c] = 0.0f;
+    f[c] = 0.0;
+    source[c] = -1;
+    source_mask[c] = 0;
+    first_child[c] = -1;
+    next_sibling[c] = first_child[node];
+    first_child[node] = c;
+    return c;
+  }
+
+ private:
+  int32_t n_ = 0;
 };
 
 // Reusable buffers of select_sequence (one per thread or per request: nothing allocated once warm).
 struct SelectScratch {
   std::vector<int32_t> start, kids, fill, width;
   std::vector<std::pair<double, int32_t>> heap;
+  std::vector<unsigned __int128> key_heap;  // the same heap as (f, node) integer keys
 };
 
 // tries[s] may be null (source off). Calibration may be null (p_s = raw).

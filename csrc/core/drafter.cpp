@@ -223,39 +223,47 @@ void Drafter::propose(const int64_t* rids, int64_t b, const int64_t* budgets, bo
       rank_list[static_cast<size_t>(fill[static_cast<size_t>(order[r])]++)] = static_cast<int32_t>(r);
     }
   }
-  const size_t n_total = static_cast<size_t>(b) + order.size();
+  // Tree i is the root and the first `taken` nodes of its draft's sequence: a prefix of each of the
+  // draft's arrays, copied as a block into out's arrays at offsets[i].
   out = ProposeOutput();
-  for (auto* v : {&out.tokens, &out.parents, &out.depth, &out.match_len, &out.rank}) v->reserve(n_total);
-  for (auto* v : {&out.probs, &out.raw, &out.acc}) v->reserve(n_total);
-  out.source.reserve(n_total);
-  out.source_mask.reserve(n_total);
-  out.offsets.reserve(static_cast<size_t>(b) + 1);
-  out.context_len.reserve(static_cast<size_t>(b));
-  out.gain.reserve(order.size() + 1);
-  out.offsets.assign(1, 0);
-  out.gain.assign(1, 0.0);
+  out.offsets.resize(static_cast<size_t>(b) + 1);
+  out.offsets[0] = 0;
+  for (int64_t i = 0; i < b; ++i) {
+    out.offsets[static_cast<size_t>(i) + 1] = out.offsets[static_cast<size_t>(i)] + 1 +
+                                              rank_start[static_cast<size_t>(i) + 1] - rank_start[static_cast<size_t>(i)];
+  }
+  const auto n_total = static_cast<size_t>(out.offsets.back());
+  for (auto* v : {&out.tokens, &out.parents, &out.depth, &out.match_len, &out.rank}) v->resize(n_total);
+  for (auto* v : {&out.probs, &out.raw, &out.acc}) v->resize(n_total);
+  out.source.resize(n_total);
+  out.source_mask.resize(n_total);
+  out.context_len.resize(static_cast<size_t>(b));
   std::vector<double> f_of_rank(order.size());
   for (int64_t i = 0; i < b; ++i) {
     const Draft& d = drafts_[static_cast<size_t>(i)];
     const int32_t* rk = rank_list.data() + rank_start[static_cast<size_t>(i)];
+    const auto at = static_cast<size_t>(out.offsets[static_cast<size_t>(i)]);
     const auto taken = static_cast<size_t>(rank_start[static_cast<size_t>(i) + 1] - rank_start[static_cast<size_t>(i)]);
-    // The root, then the first `taken` of the sequence: a prefix of the draft.
-    for (size_t k = 0; k <= taken; ++k) {
-      out.tokens.push_back(d.tokens[k]);
-      out.parents.push_back(d.parent_pos[k]);
-      out.depth.push_back(d.depth[k]);
-      out.match_len.push_back(d.match_len[k]);
-      out.rank.push_back(k == 0 ? -1 : rk[k - 1]);
-      out.probs.push_back(d.p[k]);
-      out.raw.push_back(d.raw[k]);
-      out.acc.push_back(static_cast<float>(d.f[k]));
-      out.source.push_back(d.source[k]);
-      out.source_mask.push_back(d.source_mask[k]);
-      if (k > 0) f_of_rank[static_cast<size_t>(rk[k - 1])] = d.f[k];
+    const size_t m = taken + 1;
+    std::copy_n(d.tokens.data(), m, out.tokens.data() + at);
+    std::copy_n(d.parent_pos.data(), m, out.parents.data() + at);
+    std::copy_n(d.depth.data(), m, out.depth.data() + at);
+    std::copy_n(d.match_len.data(), m, out.match_len.data() + at);
+    std::copy_n(d.p.data(), m, out.probs.data() + at);
+    std::copy_n(d.raw.data(), m, out.raw.data() + at);
+    std::copy_n(d.source.data(), m, out.source.data() + at);
+    std::copy_n(d.source_mask.data(), m, out.source_mask.data() + at);
+    out.rank[at] = -1;
+    for (size_t k = 0; k < taken; ++k) {
+      out.rank[at + 1 + k] = rk[k];
+      f_of_rank[static_cast<size_t>(rk[k])] = d.f[k + 1];
     }
-    out.offsets.push_back(static_cast<int64_t>(out.tokens.size()));
-    out.context_len.push_back(static_cast<int64_t>(reqs[static_cast<size_t>(i)]->context(params_.use_input).size()));
+    for (size_t k = 0; k < m; ++k) out.acc[at + k] = static_cast<float>(d.f[k]);
+    out.context_len[static_cast<size_t>(i)] =
+        static_cast<int64_t>(reqs[static_cast<size_t>(i)]->context(params_.use_input).size());
   }
+  out.gain.reserve(order.size() + 1);
+  out.gain.assign(1, 0.0);
   for (double f : f_of_rank) out.gain.push_back(out.gain.back() + f);
   ++stamp_;
   for (int64_t i = 0; i < b; ++i) {

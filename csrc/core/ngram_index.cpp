@@ -151,12 +151,24 @@ void NgramIndex::find(const int32_t* query, int64_t qlen, int64_t limit, const M
 
 void NgramIndex::add_continuations(const std::vector<Occurrence>& occ, const MatchParams& p,
                                    CandidateTrie& trie, std::vector<int32_t>* docs_used) const {
+  trie.reserve_more(static_cast<int32_t>(occ.size()) * std::max(p.max_depth, 0));
   for (const Occurrence& o : occ) {
     const int32_t d = doc_of_[static_cast<size_t>(o.end)];
     const int64_t stop = std::min(document_end(d), o.end + 1 + static_cast<int64_t>(p.max_depth));
     trie.counts[0] += 1;
     int32_t node = 0;
-    for (int64_t q = o.end + 1; q < stop; ++q) node = trie.add_child(node, tokens_[static_cast<size_t>(q)], 1, o.match_len);
+    int64_t q = o.end + 1;
+    // Follow (or extend) the existing path while it exists; once a node is created it has no children,
+    // so the rest of the continuation is appended without sibling scans (same nodes, same order).
+    for (; q < stop; ++q) {
+      const int32_t next_new = trie.size();  // the index a created child gets
+      node = trie.add_child(node, tokens_[static_cast<size_t>(q)], 1, o.match_len);
+      if (node == next_new) {
+        ++q;
+        break;
+      }
+    }
+    for (; q < stop; ++q) node = trie.add_new_child(node, tokens_[static_cast<size_t>(q)], 1, o.match_len);
     if (docs_used != nullptr) docs_used->push_back(d);
   }
 }
