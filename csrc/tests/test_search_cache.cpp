@@ -174,6 +174,25 @@ TEST(search_cache_trie_memo_equals_sampling) {
   sssd::set_search_memo(true);
 }
 
+namespace {
+
+// Searches q with the memo on (filling or hitting it) and off; checks that both tries are equal and
+// returns the trie's size. Leaves the memo on.
+size_t memo_agrees_with_sampling(const sssd::DatastoreView& view, const std::vector<int32_t>& q,
+                                 const sssd::SearchParams& p) {
+  const sssd::TokenSpan span{q.data(), static_cast<int64_t>(q.size())};
+  sssd::CandidateTrie on, off;
+  sssd::set_search_memo(true);
+  sssd::search_context({view}, span, p, on);
+  sssd::set_search_memo(false);
+  sssd::search_context({view}, span, p, off);
+  sssd::set_search_memo(true);
+  CHECK(same_trie(off, on));
+  return on.size();
+}
+
+}  // namespace
+
 TEST(search_cache_trie_memo_keeps_queries_apart) {
   // 400 distinct two-symbol queries share their first (or last) symbol and 800 share the memo's 256
   // slots: every slot is reused, so only the full key (both symbols, length) keeps their tries apart.
@@ -200,14 +219,8 @@ TEST(search_cache_trie_memo_keeps_queries_apart) {
   sssd::set_search_memo(true);
   for (int pass = 0; pass < 2; ++pass) {  // pass 0 fills the memo, pass 1 may hit entries
     for (const auto& q : queries) {
-      const sssd::TokenSpan span{q.data(), static_cast<int64_t>(q.size())};
-      sssd::CandidateTrie on, off;
-      sssd::search_context({ds.view()}, span, p, on);
-      sssd::set_search_memo(false);
-      sssd::search_context({ds.view()}, span, p, off);
-      sssd::set_search_memo(true);
-      CHECK(same_trie(off, on));
-      CHECK_EQ(on.size() > 1, true);  // every query matches and has continuations
+      // every query matches and has continuations
+      CHECK_EQ(memo_agrees_with_sampling(ds.view(), q, p) > 1, true);
     }
   }
 }
@@ -236,14 +249,7 @@ TEST(search_cache_trie_memo_not_served_across_mappings) {
     last = ds.view().header;
     for (int32_t s = 0; s < vocab; ++s) {
       for (int32_t t = -1; t < vocab; ++t) {
-        std::vector<int32_t> q = t < 0 ? std::vector<int32_t>{s} : std::vector<int32_t>{s, t};
-        const sssd::TokenSpan span{q.data(), static_cast<int64_t>(q.size())};
-        sssd::CandidateTrie on, off;
-        sssd::search_context({ds.view()}, span, p, on);
-        sssd::set_search_memo(false);
-        sssd::search_context({ds.view()}, span, p, off);
-        sssd::set_search_memo(true);
-        CHECK(same_trie(off, on));
+        memo_agrees_with_sampling(ds.view(), t < 0 ? std::vector<int32_t>{s} : std::vector<int32_t>{s, t}, p);
       }
     }
   }
