@@ -1,18 +1,28 @@
 """Quick drafter measurements: MAL of a teacher-forced batch-1 replay and propose time per request.
 
 Usage: OMP_NUM_THREADS=2 PYTHONPATH=python python3 tools/drafter_sanity.py [--subset all|odd] [--variants ...]
-Datastore: smollm2_other_outputs (built once into build/cache). Pairs: /work/shared/data dev pairs
-(all 244, or the odd-indexed half that the default calibration was not fitted on).
+Datastore: smollm2_other_outputs (bench/corpora.py, built once into the bench cache). Pairs: the dev
+pairs (all 244, or the odd-indexed half that the default calibration was not fitted on). The replay is
+``sssd.simulate`` with batch 1 and online calibration: requests run in file order, so the recent-outputs
+pool holds the outputs of the pairs replayed before.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import sssd
-from drafter_replay import load_pairs, open_datastore, replay
+from sssd.pairs import load_pairs
+from sssd.simulate import simulate
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+import corpora
+
+PAIRS = Path("/work/shared/data/smollm2_dev_pairs.jsonl")
 
 VARIANTS = {
     "fused+pool, calibrated": {},
@@ -27,12 +37,12 @@ def time_propose(ds: sssd.Datastore, pairs, batch: int, budget: int, reps: int) 
     """(wall, CPU) microseconds per request per propose call with a per-request budget, and observe's
     wall microseconds per call; contexts = prompt + 200 output tokens, the pool holds 100 outputs."""
     d = sssd.Drafter(ds, sssd.DrafterConfig())
-    for _, o in pairs[-100:]:
-        d.add_to_pool(o)
+    for pair in pairs[-100:]:
+        d.add_to_pool(pair.output_ids)
     rids = list(range(batch))
     for r in rids:
-        p, o = pairs[r % len(pairs)]
-        d.add_request(r, np.concatenate([p, o[:200]]))
+        pair = pairs[r % len(pairs)]
+        d.add_request(r, np.concatenate([pair.prompt_ids, pair.output_ids[:200]]))
     b = [budget] * batch
     batch_out = d.propose(rids, b)
     w0, c0 = time.perf_counter(), time.process_time()
@@ -54,10 +64,10 @@ def main() -> None:
     ap.add_argument("--variants", nargs="*", default=list(VARIANTS))
     ap.add_argument("--reps", type=int, default=50)
     args = ap.parse_args()
-    pairs = load_pairs()
+    pairs = load_pairs(PAIRS)
     if args.subset == "odd":
         pairs = pairs[1::2]
-    ds = open_datastore()
+    ds = sssd.Datastore.open(corpora.outputs_datastore())
     print(f"{len(pairs)} pairs, datastore {ds}, OpenMP threads {sssd.max_threads()}")
     print(f"| variant | {' | '.join(f'MAL @{b}' for b in args.budgets)} |")
     print(f"|---|{'---|' * len(args.budgets)}")
@@ -65,13 +75,13 @@ def main() -> None:
         mals = []
         for budget in args.budgets:
             d = sssd.Drafter(ds, sssd.DrafterConfig(**VARIANTS[name]))
-            mals.append(replay(d, pairs, budget))
+            mals.append(simulate(d, pairs, budget=budget, batch_size=1, observe=True).mal)
         print(f"| {name} | {' | '.join(f'{m:.3f}' for m in mals)} |", flush=True)
     print()
     print("| batch | budget per request | µs/request/propose (wall) | (CPU, all threads) | observe µs/call |")
     print("|---|---|---|---|---|")
     for batch, budget in ((1, 16), (1, 64), (64, 16), (64, 64), (256, 64)):
-        wall, cpu, obs = time_propose(ds, load_pairs(), batch, budget, args.reps)
+        wall, cpu, obs = time_propose(ds, load_pairs(PAIRS), batch, budget, args.reps)
         print(f"| {batch} | {budget} | {wall:.1f} | {cpu:.1f} | {obs:.0f} |", flush=True)
 
 

@@ -2,29 +2,44 @@
 
 Usage: OMP_NUM_THREADS=2 PYTHONPATH=python python3 tools/fit_default_calibration.py [--budget 64]
 Fits on the even-indexed dev pairs only (the odd-indexed ones stay held out for evaluation), datastore =
-smollm2_other_outputs. Two rounds: observations from uncalibrated trees, then from trees drafted with
-the first fit (so the table also sees the nodes a calibrated drafter proposes); the second fit uses both.
+smollm2_other_outputs (bench/corpora.py). Two rounds: observations from uncalibrated trees, then from
+trees drafted with the first fit (so the table also sees the nodes a calibrated drafter proposes); the
+second fit uses both.
 Prints the expected calibration error (ECE) of raw and calibrated scores on the held-out pairs.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import numpy as np
 import sssd
-from drafter_replay import Trials, load_pairs, open_datastore, replay
 from sssd.calibration import calibration_error, fit
+from sssd.pairs import load_pairs
+from sssd.simulate import simulate
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+import corpora
 
 OUT = Path(__file__).resolve().parent.parent / "python" / "sssd" / "data" / "calibration_default.json"
+PAIRS = Path("/work/shared/data/smollm2_dev_pairs.jsonl")
 
 
 def collect(ds, pairs, budget: int, table) -> dict[str, np.ndarray]:
+    """Tested nodes (parent accepted) of a teacher-forced batch-1 replay: features and outcomes."""
     cfg = sssd.DrafterConfig(calibration=table, online_calibration=False)
-    trials = Trials()
-    replay(sssd.Drafter(ds, cfg), pairs, budget, trials, observe=False)
-    return trials.arrays()
+    res = simulate(sssd.Drafter(ds, cfg), pairs, budget=budget, batch_size=1, collect_records=True)
+    f = res.records.features
+    return {
+        "source": f["source"],
+        "depth": f["depth"],
+        "match_len": f["match_len"],
+        "raw": f["raw_score"],
+        "prob": f["probs"],
+        "accepted": res.records.accepted.astype(np.int8),
+    }
 
 
 def fit_from(obs: dict[str, np.ndarray]):
@@ -36,9 +51,9 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=64)
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
-    pairs = load_pairs()
+    pairs = load_pairs(PAIRS)
     train, held_out = pairs[0::2], pairs[1::2]
-    ds = open_datastore()
+    ds = sssd.Datastore.open(corpora.outputs_datastore())
     first = collect(ds, train, args.budget, None)
     table = fit_from(first)
     second = collect(ds, train, args.budget, table)
