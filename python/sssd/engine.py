@@ -35,7 +35,7 @@ import numpy as np
 
 from sssd.adapter import ATTENTION_BACKENDS, ModelAdapter
 from sssd.draft_trees import split_batch
-from sssd.policy import AdmitView, FixedBudget, StepTiming, StepView
+from sssd.policy_hook import AdmitView, FixedBudget, StepTiming, StepView
 from sssd.requests import GenerationResult, Request, StreamEvent, as_prompt_ids
 from sssd.sampling import SamplingParams, as_params, eos_defaults
 from sssd.step_verify import verify_step

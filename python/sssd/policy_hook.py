@@ -1,0 +1,86 @@
+"""The engine's budget-policy hook: what a policy sees (``StepView``, ``AdmitView``), what it learns after
+each step (``StepTiming``), the protocol (``PolicyHook``) and the minimal policy (``FixedBudget``).
+
+A policy is any object with ``plan(view: StepView)`` (the step's budget: a global int or one per
+request; 0 = plain decoding) and ``observe(timing: StepTiming)``; optional hooks are
+``select(view, batch)`` (truncate the proposed batch), ``propose_kwargs(view)`` (extra drafter
+arguments), ``admit(view: AdmitView)`` (who joins the batch) and ``remove_request(rid)``.
+``sssd.policy.BudgetPolicy`` is the adaptive one (the engine's default).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class StepView:
+    """What a policy sees before a step. Lists are in batch (slot) order."""
+
+    request_ids: list[int]
+    context_lens: list[int]  # committed tokens per request
+    remaining: list[int]  # tokens each request may still produce
+    own_budgets: list[int | None]  # per-request budgets given at add_request (None = not set)
+
+
+@dataclass(frozen=True)
+class AdmitView:
+    """What a policy sees when requests wait for a batch slot (``admit``). Lists in queue order."""
+
+    waiting_ids: list[int]
+    prompt_lens: list[int]  # prompt tokens of each waiting request
+    waiting_remaining: list[int]  # tokens each may produce
+    running: StepView  # the batch as it is now
+    free_slots: int
+
+
+def fifo(view: AdmitView) -> list[int]:
+    """Today's admission: the first ``free_slots`` waiting requests, in arrival order."""
+    return list(view.waiting_ids[: max(view.free_slots, 0)])
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    """One finished step. Times in seconds."""
+
+    batch_size: int
+    budget: int | tuple[int, ...]  # what plan() returned (after per-request overrides)
+    num_nodes: int  # nodes in the forward, roots included
+    context_tokens: int  # committed tokens attended to (sum over requests, before the step)
+    accepted: tuple[int, ...]  # accepted draft nodes per request (bonus excluded)
+    draft_time: float
+    forward_time: float
+    verify_time: float  # verification + KV commit + bookkeeping
+    step_time: float
+    prefill_time: float = 0.0  # admitting (prefilling) requests just before this step; running ones wait
+
+
+class PolicyHook(Protocol):
+    """What the engine needs of a budget policy (``BudgetPolicy`` below is the full one)."""
+
+    def plan(self, view: StepView) -> int | Sequence[int]: ...
+
+    def observe(self, timing: StepTiming) -> None: ...
+
+
+@dataclass
+class FixedBudget:
+    """The minimal policy: the same budget every step. ``per_request`` gives each tree ``budget`` nodes
+    instead of sharing ``budget`` across the batch."""
+
+    budget: int = 16
+    per_request: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.budget, bool) or not isinstance(self.budget, int) or self.budget < 0:
+            raise ValueError(f"budget must be an int >= 0, got {self.budget!r}")
+
+    def plan(self, view: StepView) -> int | Sequence[int]:
+        if self.per_request:
+            return [self.budget] * len(view.request_ids)
+        return self.budget
+
+    def observe(self, timing: StepTiming) -> None:
+        pass
