@@ -44,7 +44,16 @@ struct Scratch {
   std::vector<search_detail::Cursor> cursors, next_cursors;
   std::vector<uint64_t> run;                      // suffix-array indices of one sampled run
   search_detail::RunScratch insert;
+  // Whether this thread's recent contexts (searched without a cache) matched in full: a saturating
+  // score, up when the longest match is the whole query, down otherwise (see longest_match).
+  int32_t full_score = 0;
 };
+
+// Contexts copied from the corpus match at every length; live ones mostly at a few. The first round
+// searches all lengths at once (one chain of memory latencies instead of two dependent rounds) when the
+// score is at least this; it affects only which rounds run, never a result.
+constexpr int32_t kFullScoreMax = 8;
+constexpr int32_t kFullScoreSpeculate = 4;
 
 Scratch& scratch() {
   static thread_local Scratch s;
@@ -149,6 +158,10 @@ class ContextSearch {
         // The previous match extended by the new tokens, when it still occurs, is the answer: one
         // search inside its (small) cached window.
         sc_.lengths.push_back(hi);
+      } else if (lo < min_len && prev_ == nullptr && sc_.full_score >= kFullScoreSpeculate) {
+        // Nothing known yet, and this thread's recent contexts matched in full: probe every length
+        // (or kLengthsPerRound spread up to hi) in this one round.
+        pick_lengths(min_len - 1, hi, kLengthsPerRound);
       } else if (lo < min_len) {
         // Nothing known to occur yet. The shortest lengths (live contexts mostly match only a few
         // tokens) and the longest (a context copied from the corpus matches in full); later rounds
@@ -329,6 +342,10 @@ void search_one(const std::vector<DatastoreView>& views, const std::vector<const
   ContextSearch search(views, indexes, p, vocab, max_len, sc, fits ? cache : nullptr,
                        fits ? context.size - cache->context_len : 0);
   const int32_t longest = search.longest_match();
+  if (!fits) {
+    const bool full = longest == max_len && max_len > p.min_query_len + kShortLengthsFirst;
+    sc.full_score = std::clamp(sc.full_score + (full ? 1 : -1), 0, kFullScoreMax);
+  }
   for (int32_t len = longest; len >= p.min_query_len && longest > 0; --len) {
     const uint64_t n = search.sample(len, out);
     if (static_cast<int64_t>(n) >= p.min_occurrences) break;
