@@ -33,9 +33,9 @@ ROWS = [  # (batch, budget, sources)
 def child(batch: int, budget: int, sources: str) -> None:
     sys.path.insert(0, str(HERE))
     from bench_drafter import DATA, VOCAB, _streams, _time_propose, big_datastore
-    from sssd.datastore import Datastore
-    from sssd.evaluation import DrafterSpec
-    from sssd.pairs import load_pairs
+    from sssd.datastore.store import Datastore
+    from sssd.evaluation.fitting import DrafterSpec
+    from sssd.evaluation.pairs import load_pairs
 
     pairs = load_pairs(DATA / "smollm2_dev_pairs.jsonl", vocab_size=VOCAB)
     path = big_datastore()

@@ -47,8 +47,8 @@ VOCAB = 49152
 
 
 from drafter_report import plot_mal, render  # noqa: E402
-from sssd.evaluation import DrafterSpec, crossfit_simulate, make_drafter  # noqa: E402
-from sssd.pairs import load_pairs  # noqa: E402
+from sssd.evaluation.fitting import DrafterSpec, crossfit_simulate, make_drafter  # noqa: E402
+from sssd.evaluation.pairs import load_pairs  # noqa: E402
 
 
 def _corpus() -> tuple[np.ndarray, np.ndarray]:
@@ -158,7 +158,7 @@ def _time_propose(spec: DrafterSpec, ds, pairs, streams, b: int, budget: int, st
 def bench_latency(pairs, ds_path: Path, quick: bool) -> list[dict]:
     """All batch sizes and budgets for the fused drafter and the baseline; one source at a time at
     batch 64, budget 64 (where the time goes)."""
-    from sssd.datastore import Datastore
+    from sssd.datastore.store import Datastore
 
     ds = Datastore.open(ds_path)
     fused, baseline = DrafterSpec(datastore=str(ds_path)), DrafterSpec(baseline="prompt-lookup")
@@ -201,7 +201,7 @@ def _variants(ds: str) -> list[tuple[str, DrafterSpec, bool]]:
 
 
 def bench_mal(pairs, ds_path: Path, budgets: list[int], batch: int) -> list[dict]:
-    from sssd.datastore import Datastore
+    from sssd.datastore.store import Datastore
 
     ds = Datastore.open(ds_path)
     rows = []
@@ -227,7 +227,7 @@ def bench_mal(pairs, ds_path: Path, budgets: list[int], batch: int) -> list[dict
 
 
 def bench_allocation(pairs, ds_path: Path, budgets: list[int], batch: int) -> list[dict]:
-    from sssd.datastore import Datastore
+    from sssd.datastore.store import Datastore
 
     ds = Datastore.open(ds_path)
     spec = DrafterSpec(datastore=str(ds_path))
@@ -260,7 +260,7 @@ def _git_commit() -> str:
 
 
 def _tokens(path: Path) -> int:
-    from sssd.datastore import Datastore
+    from sssd.datastore.store import Datastore
 
     return len(Datastore.open(path))
 

@@ -23,7 +23,7 @@ import corpora
 import numpy as np
 import sssd
 import torch
-from sssd.models import ensure_hf_model, load_tokenizer
+from sssd.models.local import ensure_hf_model, load_tokenizer
 
 DATA = Path("/work/shared/data")
 

@@ -51,7 +51,7 @@ def main():
     p.add_argument("--out", default="bench/results/prefill.json")
     a = p.parse_args()
     torch = need_gpu("bench_prefill")
-    from sssd import cuda_ops
+    from sssd.kernels import tree_attention as cuda_ops
 
     dev = torch.cuda.get_device_name()
     print(f"device: {dev}; 32/8 heads, D=128, bf16")

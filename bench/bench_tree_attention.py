@@ -2,7 +2,7 @@
 
 Shape: Llama-3-8B attention (32 query heads, 8 KV heads, head dim 128, bf16) by default. For each batch x
 context x tree size it prints and saves (JSON) the median time of
-  * ours:  sssd.cuda_ops.tree_attention over the packed batch (K/V read once per KV head),
+  * ours:  sssd.kernels.tree_attention.tree_attention over the packed batch (K/V read once per KV head),
   * sdpa:  torch SDPA on [B, Hq, n, ctx+n] with a dense float mask and K/V repeated to Hq heads (the generic
            path of an HF model), K/V prepared outside the timed region,
   * floor: SDPA (flash when available) with one query per request over the same context (a decode step),
@@ -171,7 +171,7 @@ def fmt(x, spec):
 def main():
     a = parse_args()
     torch = need_gpu()
-    from sssd import cuda_ops
+    from sssd.kernels import tree_attention as cuda_ops
 
     dtype = torch.bfloat16 if a.dtype == "bf16" else torch.float16
     batches, ctxs, trees = ints(a.batch), ints(a.ctx), ints(a.tree)

@@ -4,7 +4,7 @@
   size 49152, frequent ranks spread over the id space), cut into documents of ~1000 tokens on average.
 - ``cpython()``: the CPython standard library (``/usr/lib/python3.11/**/*.py``, plus the Debian
   ``python3.11-doc`` text files when installed), one document per file, tokenized with the SmolLM2
-  tokenizer (``sssd.models.load_tokenizer()``).
+  tokenizer (``sssd.models.local.load_tokenizer()``).
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def _cpython_texts() -> list[str]:
 def cpython() -> tuple[np.ndarray, np.ndarray]:
     if (hit := _load("cpython311_smollm2")) is not None:
         return hit
-    from sssd.models import load_tokenizer
+    from sssd.models.local import load_tokenizer
 
     backend = load_tokenizer().backend_tokenizer
     encode = getattr(backend, "encode_batch_fast", backend.encode_batch)

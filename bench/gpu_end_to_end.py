@@ -1,5 +1,5 @@
 """Verification-step cost curve on a GPU: forward time of a random-weight Llama-3-8B-shaped model (no
-download) vs tree tokens per request and batch size, through the engine's own adapter (sssd.adapter):
+download) vs tree tokens per request and batch size, through the engine's own adapter (sssd.engine.adapter):
 attention "packed" (the CUDA tree kernel) side by side with "sdpa" (torch SDPA with a dense mask).
 
 Every request has a committed context of --ctx tokens (random K/V in the engine's cache, every layer its
@@ -90,7 +90,7 @@ def build_model(torch, transformers, layers, smoke=False):
 
 
 def random_trees(batch, n, seed, vocab):
-    from sssd.adapter import Tree
+    from sssd.engine.adapter import Tree
 
     rng = np.random.default_rng(seed)
     trees = []
@@ -105,7 +105,7 @@ def random_trees(batch, n, seed, vocab):
 
 def prepare(torch, model, attention, batch, ctx, max_tree):
     """An engine adapter with `batch` active slots of `ctx` committed rows of random K/V (no prefill)."""
-    from sssd.adapter import ModelAdapter
+    from sssd.engine.adapter import ModelAdapter
 
     adapter = ModelAdapter(model, attention=attention, initial_capacity=ctx + max_tree)
     for _ in range(batch):
@@ -186,7 +186,7 @@ def main():
     print(
         f"device: {dev}; {'small Llama, float32' if a.smoke else 'Llama-3-8B shape, random bf16 weights'}, "
         f"{a.layers} layers; "
-        f"torch {torch.__version__}; the engine's verification forward (sssd.adapter), "
+        f"torch {torch.__version__}; the engine's verification forward (sssd.engine.adapter), "
         f"attention {', '.join(backends)}"
     )
     head = " ".join(f"{b + ' ms':>11}" for b in backends)

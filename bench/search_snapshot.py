@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from sssd.datastore import Datastore, SearchConfig, build_datastore
+from sssd.datastore.store import Datastore, SearchConfig, build_datastore
 
 PARAMS = [
     SearchConfig(),

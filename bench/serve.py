@@ -22,9 +22,9 @@ from pathlib import Path
 
 import numpy as np
 from serve_workload import EXTRA_POLICIES, POLICIES, poisson_workload, summarize
-from sssd.costmodel import CostModel
-from sssd.pairs import load_pairs
-from sssd.policy import BudgetConfig, BudgetPolicy
+from sssd.evaluation.pairs import load_pairs
+from sssd.policy.adaptive import BudgetConfig, BudgetPolicy
+from sssd.policy.cost_model import CostModel
 
 DATA = Path(os.environ.get("SSSD_DATA", "/work/shared/data"))
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -51,7 +51,7 @@ def make_policy(name: str, cost: CostModel) -> tuple[BudgetPolicy, bool]:
 
 
 def bench_cache() -> Path:
-    from sssd.models import cache_dir
+    from sssd.models.local import cache_dir
 
     return cache_dir() / "bench"
 
@@ -59,7 +59,7 @@ def bench_cache() -> Path:
 def datastore_path(cache: Path) -> Path:
     """The datastore of the other-outputs corpus with the SmolLM2 tokenizer's fingerprint (built once)."""
     import corpora
-    from sssd.models import load_tokenizer
+    from sssd.models.local import load_tokenizer
 
     return corpora.outputs_datastore(load_tokenizer(), cache)
 
@@ -71,7 +71,7 @@ def drafter_factory(kind: str, cache: Path):
     if kind == "sssd" and hasattr(sssd, "Drafter"):
         ds = sssd.Datastore.open(datastore_path(cache))
         return lambda: sssd.Drafter(datastore=ds, config=sssd.DrafterConfig()), "sssd"
-    from sssd.baselines import PromptLookupDrafter
+    from sssd.evaluation.baselines import PromptLookupDrafter
 
     return PromptLookupDrafter, "prompt-lookup"
 

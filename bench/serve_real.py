@@ -15,7 +15,7 @@ from serve_workload import Finished, StepLog, poisson_workload, summarize
 
 
 def _pairs(args):
-    from sssd.pairs import load_pairs
+    from sssd.evaluation.pairs import load_pairs
 
     pairs = load_pairs(args.pairs)
     n = args.max_new_tokens
@@ -69,15 +69,16 @@ def run_real(args) -> list[dict]:
     import torch
     from serve import bench_cache, datastore_path, make_policy, slo_targets
     from serve_sim import simulate_serving
-    from sssd.commands.profile import load_model
-    from sssd.costmodel import CostModel
-    from sssd.engine import Engine, EngineConfig
+    from sssd.engine.engine import Engine, EngineConfig
+    from sssd.models.loading import load_model
+    from sssd.policy.cost_model import CostModel
 
     torch.set_num_threads(args.threads)
     n_new = args.max_new_tokens or 32
     args.max_new_tokens = n_new
     pairs = _pairs(args)
-    model, name = load_model(args.model)
+    model, _, path = load_model(args.model, "float32", "cpu")
+    name = path.name
     ds = sssd.Datastore.open(datastore_path(bench_cache()))
     cost = CostModel.load(args.profile)
     tight, relaxed = slo_targets(cost, args.max_batch // 2 or 1, args)
@@ -152,7 +153,7 @@ def RESULTS_DIR():
 
 def _refit(profile):
     """The profile's drafting part with forward/bookkeeping refitted on the real runs' steps."""
-    from sssd.costmodel import CostModel, forward_features
+    from sssd.policy.cost_model import CostModel, forward_features
 
     cm = CostModel.from_dict(profile.to_dict(), prior_weight=0.0, forget=1.0, window=max(16, len(STEPS)))
     for t in STEPS:

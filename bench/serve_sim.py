@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 from serve_workload import Arrival, Finished, StepLog
-from sssd.costmodel import CostModel
-from sssd.policy import AdmitView, BudgetPolicy, StepTiming, StepView, fifo
-from sssd.simulate import accepted_lengths
+from sssd.evaluation.simulator import accepted_lengths
+from sssd.policy.adaptive import AdmitView, BudgetPolicy, StepTiming, StepView, fifo
+from sssd.policy.cost_model import CostModel
 
 
 @dataclass

@@ -46,7 +46,7 @@ def _recorded_vocabulary(inputs: list[Input]) -> tuple[int, str] | None:
 
 def _vocabulary(config: BuildConfig, inputs: list[Input]) -> tuple[Any, int, str]:
     """(tokenizer or None, vocab size, fingerprint) for this build."""
-    from sssd.fingerprint import tokenizer_fingerprint
+    from sssd.datastore.fingerprint import tokenizer_fingerprint
 
     needs_text = any(i.kind.needs_tokenizer for i in inputs)
     if not needs_text and config.tokenizer is None:

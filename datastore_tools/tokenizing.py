@@ -15,12 +15,12 @@ import numpy as np
 from datastore_tools.errors import InputError
 from datastore_tools.stats import ReadStats
 
-DEFAULT_TOKENIZER = "smollm2"  # the project's model, located and converted by sssd.models
+DEFAULT_TOKENIZER = "smollm2"  # the project's model, located and converted by sssd.models.local
 
 
 def load_tokenizer(spec: str | None) -> Any:
     """A Hugging Face tokenizer from a directory, a ``.gguf`` file, or "smollm2" (the default model)."""
-    from sssd import models
+    from sssd.models import local as models
 
     if spec is None or spec == DEFAULT_TOKENIZER:
         return models.load_tokenizer(None)
@@ -41,9 +41,9 @@ def _gguf_tokenizer(path: Path) -> Any:
     """The tokenizer of a GGUF file, converted once and cached as a Hugging Face directory.
 
     Converting a GGUF vocabulary takes tens of seconds; the cached directory loads in about one. The model
-    conversion of sssd.models (same cache, same file name) is used when it exists.
+    conversion of sssd.models.local (same cache, same file name) is used when it exists.
     """
-    from sssd import models
+    from sssd.models import local as models
 
     name = path.name.removesuffix(".gguf")
     for cached in (models.cache_dir() / "models" / name, _tokenizer_cache(path)):
@@ -64,7 +64,7 @@ def _gguf_tokenizer(path: Path) -> Any:
 
 
 def _tokenizer_cache(path: Path) -> Path:
-    from sssd import models
+    from sssd.models import local as models
 
     # Name and size tell two GGUF files apart well enough for a cache of their vocabularies.
     return models.cache_dir() / "tokenizers" / f"{path.name.removesuffix('.gguf')}-{path.stat().st_size}"

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
-from sssd.datastore import SHARD_SUFFIX, build_datastore
+from sssd.datastore.store import SHARD_SUFFIX, build_datastore
 
 Phase = Callable[[str, int, int], None]
 

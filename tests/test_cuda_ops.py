@@ -9,8 +9,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from sssd import cuda_ops  # noqa: E402
-from sssd.cuda_ops import (  # noqa: E402
+from sssd.kernels import tree_attention as cuda_ops  # noqa: E402
+from sssd.kernels.tree_attention import (  # noqa: E402
     CommitPlan,
     PackedTrees,
     ancestor_masks,
@@ -144,9 +144,9 @@ def test_dispatch_falls_back_to_the_reference_on_cpu():
 
 
 def test_hf_shaped_entry_agrees_with_the_engine_reference():
-    """Same semantics as sssd.attention (the engine's CPU oracle): packed [1, H, N, D] step, cache layer
-    [slots, Hkv, rows, D] as the engine stores it, GQA head mapping, ancestor masks."""
-    from sssd.attention import tree_attention_reference as engine_reference
+    """Same semantics as sssd.engine.attention (the engine's CPU oracle): packed [1, H, N, D] step,
+    cache layer [slots, Hkv, rows, D] as the engine stores it, GQA head mapping, ancestor masks."""
+    from sssd.engine.attention import tree_attention_reference as engine_reference
 
     sizes, ctxs, hq, hkv, d = [4, 1, 9], [6, 0, 3], 6, 2, 8
     t, trees, parents = make_case(21, sizes, ctxs, hq=hq, hkv=hkv, d=d)

@@ -21,8 +21,8 @@ from sssd import (
     _core,
     build_datastore,
 )
-from sssd import reference as ref
-from sssd.reference import canonical_trie
+from sssd.datastore import reference as ref
+from sssd.datastore.reference import canonical_trie
 
 DOCS = [[1, 2, 3, 1, 2], [], [2, 3, 4], [1], [4, 4, 4, 4, 1, 2]]
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import sssd
-from sssd.drafter import DraftBatch
+from sssd.drafter.retrieval import DraftBatch
 
 REPEAT = [5, 6, 7, 8, 9, 5, 6, 7, 8, 10, 5, 6, 7]
 

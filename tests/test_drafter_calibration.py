@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 import sssd
-from sssd import calibration as cal
+from sssd.drafter import calibration as cal
 
 
 def synthetic(n=20000, seed=0):

@@ -7,8 +7,9 @@ import pytest
 import sssd
 from hypothesis import given
 from hypothesis import strategies as st
-from sssd import _core, budget_alloc
-from sssd import reference_drafter as ref
+from sssd import _core
+from sssd.drafter import allocation as budget_alloc
+from sssd.drafter import reference as ref
 
 
 @st.composite

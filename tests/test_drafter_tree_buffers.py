@@ -1,4 +1,4 @@
-"""sssd.tree_buffers vs the Python reference, on random batches and real drafts."""
+"""sssd.drafter.buffers vs the Python reference, on random batches and real drafts."""
 
 import types
 
@@ -7,7 +7,7 @@ import pytest
 import sssd
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sssd import reference_drafter as ref
+from sssd.drafter import reference as ref
 
 
 @st.composite

@@ -9,9 +9,9 @@ import pytest
 import sssd
 import torch
 import transformers
-from sssd.draft_trees import MalformedDraftError
-from sssd.engine import Engine, EngineConfig
-from sssd.sampling import SamplingParams
+from sssd.engine.engine import Engine, EngineConfig
+from sssd.engine.sampling import SamplingParams
+from sssd.engine.trees import MalformedDraftError
 from tiny_models import VOCAB, TinyTokenizer, tiny_model
 from torch import nn
 from toy_drafters import ToyBatch, ToyDrafter, TreeBuilder, pack

@@ -10,7 +10,7 @@ import functools
 import numpy as np
 import pytest
 import torch
-from sssd.engine import Engine, EngineConfig
+from sssd.engine.engine import Engine, EngineConfig
 from tiny_models import FAMILIES, VOCAB, hf_greedy, tiny_model
 from toy_drafters import OracleDrafter, RandomTreeDrafter
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from sssd import cuda_ops
-from sssd.adapter import PACKED_MAX_NODES, ModelAdapter, Tree, packed_ancestor_masks
-from sssd.cuda_reference import ancestor_masks
-from sssd.engine import Engine, EngineConfig
+from sssd.engine.adapter import PACKED_MAX_NODES, ModelAdapter, Tree, packed_ancestor_masks
+from sssd.engine.engine import Engine, EngineConfig
+from sssd.kernels import tree_attention as cuda_ops
+from sssd.kernels.reference import ancestor_masks
 from test_engine_lossless import NEW, make_prompts, oracle, reference
 from tiny_models import VOCAB, tiny_model
 from toy_drafters import RandomTreeDrafter

@@ -9,10 +9,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from sssd.budget import accumulated_probs  # noqa: E402
-from sssd.costmodel import CostModel  # noqa: E402
-from sssd.engine import Engine, EngineConfig  # noqa: E402
-from sssd.policy import BudgetConfig, BudgetPolicy, FixedBudget  # noqa: E402
+from sssd.engine.engine import Engine, EngineConfig  # noqa: E402
+from sssd.policy.adaptive import BudgetConfig, BudgetPolicy, FixedBudget  # noqa: E402
+from sssd.policy.cost_model import CostModel  # noqa: E402
+from sssd.policy.goodput import accumulated_probs  # noqa: E402
 
 from tests.fake_drafts import FakeBatch  # noqa: E402
 from tests.tiny_models import VOCAB, hf_greedy, tiny_model  # noqa: E402

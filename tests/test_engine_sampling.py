@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
-from sssd.engine import Engine, EngineConfig
-from sssd.sampling import SamplingParams, sample_from, target_probs
-from sssd.verify import verify_sampling, verify_specinfer
+from sssd.engine.acceptance import verify_sampling, verify_specinfer
+from sssd.engine.engine import Engine, EngineConfig
+from sssd.engine.sampling import SamplingParams, sample_from, target_probs
 from tiny_models import VOCAB, tiny_model
 from toy_drafters import RandomTreeDrafter, TreeBuilder, pack
 

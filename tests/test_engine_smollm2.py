@@ -8,7 +8,7 @@ import pytest
 import sssd
 import torch
 from sssd.data import sample_corpus, sample_vocab_size
-from sssd.engine import Engine, EngineConfig
+from sssd.engine.engine import Engine, EngineConfig
 
 torch.set_num_threads(1)
 NEW = 20
@@ -16,7 +16,7 @@ NEW = 20
 
 @pytest.fixture(scope="module")
 def smollm2():
-    from sssd import models
+    from sssd.models import local as models
 
     try:
         models.find_smollm2_gguf()
@@ -31,7 +31,7 @@ def smollm2():
 
 
 def chat_prompts(tok, n: int) -> list[list[int]]:
-    from sssd.models import mtbench_questions
+    from sssd.models.local import mtbench_questions
 
     try:
         qs = [q["turns"][0] for q in mtbench_questions()[:n]]

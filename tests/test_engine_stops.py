@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from sssd.engine import Engine, EngineConfig
+from sssd.engine.engine import Engine, EngineConfig
 from tiny_models import VOCAB, TinyTokenizer, hf_greedy, tiny_model
 from toy_drafters import OracleDrafter
 

@@ -1,11 +1,11 @@
-"""sssd.evaluation: drafter variants, calibration fitting on pairs and cross-fitting."""
+"""sssd.evaluation.fitting: drafter variants, calibration fitting on pairs and cross-fitting."""
 
 import numpy as np
 import pytest
 from sssd import build_datastore
-from sssd.calibration import CalibrationTable
-from sssd.datastore import Datastore
-from sssd.evaluation import (
+from sssd.datastore.store import Datastore
+from sssd.drafter.calibration import CalibrationTable
+from sssd.evaluation.fitting import (
     DrafterSpec,
     calibration_error,
     collect_records,
@@ -14,7 +14,7 @@ from sssd.evaluation import (
     make_drafter,
     parse_sources,
 )
-from sssd.pairs import Pair
+from sssd.evaluation.pairs import Pair
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@ import json
 
 import numpy as np
 import pytest
-from sssd.pairs import Pair, filter_pairs, load_pairs, save_pairs, split_pairs, total_tokens
+from sssd.evaluation.pairs import Pair, filter_pairs, load_pairs, save_pairs, split_pairs, total_tokens
 
 
 def _write(path, rows):

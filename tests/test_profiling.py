@@ -10,9 +10,9 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from sssd import profiling as prof
-from sssd.baselines import PromptLookupDrafter
 from sssd.cli import main
+from sssd.evaluation.baselines import PromptLookupDrafter
+from sssd.policy import profiling as prof
 
 from tests.tiny_models import VOCAB, tiny_model
 

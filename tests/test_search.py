@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sssd import Datastore, SearchConfig, build_datastore
-from sssd.reference import ReferenceDatastore, canonical_trie, check_trie_invariants
+from sssd.datastore.reference import ReferenceDatastore, canonical_trie, check_trie_invariants
 
 # Corpus used by the hand-written cases. Suffix-array order of the suffixes starting with (5, 6):
 # doc 3 "5 6 |" < doc 0 "5 6 7 8 |" < doc 1 "5 6 7 9 |".

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sssd import Datastore, DatastoreError, SearchConfig, build_datastore
-from sssd.commands import info as info_cmd
-from sssd.reference import ReferenceDatastore, canonical_trie
+from sssd.cli import info as info_cmd
+from sssd.datastore.reference import ReferenceDatastore, canonical_trie
 
 from datastore_tools import cli
 

@@ -2,9 +2,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from sssd.baselines import PromptLookupDrafter
-from sssd.pairs import Pair
-from sssd.simulate import GroupStats, accepted_lengths, merge_results, simulate
+from sssd.evaluation.baselines import PromptLookupDrafter
+from sssd.evaluation.pairs import Pair
+from sssd.evaluation.simulator import GroupStats, accepted_lengths, merge_results, simulate
 
 
 @dataclass(frozen=True)

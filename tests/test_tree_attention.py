@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from sssd.adapter import ModelAdapter, Tree
-from sssd.attention import (
+from sssd.engine.adapter import ModelAdapter, Tree
+from sssd.engine.attention import (
     ancestor_mask,
     causal_attention_reference,
     commit_reference,
@@ -16,7 +16,7 @@ from sssd.attention import (
     tree_attention_reference,
     tree_visibility,
 )
-from sssd.kv_cache import CacheShape, KVCache
+from sssd.engine.kv_cache import CacheShape, KVCache
 from tiny_models import FAMILIES, tiny_model
 
 torch.set_num_threads(1)

@@ -13,7 +13,7 @@ import torch
 
 VOCAB = 96
 # The device the engine tests run on: SSSD_TEST_DEVICE=cuda runs the lossless suite on a GPU (float32;
-# choose the attention path with SSSD_ATTENTION=sdpa|packed, see sssd.adapter).
+# choose the attention path with SSSD_ATTENTION=sdpa|packed, see sssd.engine.adapter).
 TEST_DEVICE = os.environ.get("SSSD_TEST_DEVICE", "cpu")
 
 

@@ -3,8 +3,8 @@
 Usage: OMP_NUM_THREADS=2 PYTHONPATH=python python3 tools/drafter_sanity.py [--subset all|odd] [--variants ...]
 Datastore: smollm2_other_outputs (bench/corpora.py, built once into the bench cache). Pairs: the dev
 pairs (all 244, or the odd-indexed half that the default calibration was not fitted on). The replay is
-``sssd.simulate`` with batch 1 and online calibration: requests run in file order, so the recent-outputs
-pool holds the outputs of the pairs replayed before.
+``sssd.evaluation.simulator`` with batch 1 and online calibration: requests run in file order, so the
+recent-outputs pool holds the outputs of the pairs replayed before.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import sssd
-from sssd.pairs import load_pairs
-from sssd.simulate import simulate
+from sssd.evaluation.pairs import load_pairs
+from sssd.evaluation.simulator import simulate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import corpora

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 import sssd
-from sssd.calibration import calibration_error, fit
-from sssd.pairs import load_pairs
-from sssd.simulate import simulate
+from sssd.drafter.calibration import calibration_error, fit
+from sssd.evaluation.pairs import load_pairs
+from sssd.evaluation.simulator import simulate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import corpora
@@ -69,7 +69,7 @@ def main() -> None:
     print(f"  ECE raw scores        {raw_ece:.4f}")
     print(f"  ECE calibrated        {calibration_error(cal, test['accepted']):.4f}")
     print(f"  ECE fused p (drafted) {calibration_error(test['prob'], test['accepted']):.4f}")
-    for s, name in enumerate(sssd.calibration.SOURCES):
+    for s, name in enumerate(sssd.drafter.calibration.SOURCES):
         sel = test["source"] == s
         if sel.any():
             print(

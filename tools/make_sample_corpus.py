@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 from sssd import tokenizer_fingerprint
-from sssd.models import load_tokenizer
+from sssd.models.local import load_tokenizer
 
 OUT = Path(__file__).resolve().parent.parent / "python" / "sssd" / "data" / "smollm2_sample.npz"
 

@@ -1,6 +1,19 @@
 """sssd: lossless speculative decoding with a retrieval drafter and tree verification.
 
-The datastore and search need only numpy; the engine (later) needs torch and transformers.
+The package follows the architecture (see each subpackage's docstring for what it owns and may import):
+
+- ``sssd.datastore``  suffix-array datastore: file format, build, open, search (numpy only)
+- ``sssd.drafter``    retrieval drafter, calibration, budget allocation, tree buffers (numpy only)
+- ``sssd.engine``     continuous-batching engine, model adapter, KV cache, verification (torch)
+- ``sssd.kernels``    CUDA tree attention and KV commit wrappers and their references (torch)
+- ``sssd.policy``     cost model, adaptive and SLO-aware budget policy, admission, profiling
+- ``sssd.evaluation`` (prompt, output) pairs, teacher-forced simulator, baselines, calibration fitting
+- ``sssd.models``     local models (SmolLM2 from its wheel) and prompt sets, model loading
+- ``sssd.integrations`` serving engines that host the drafter
+- ``sssd.cli``        the ``sssd`` commands
+
+The public API is re-exported here as ``sssd.X``; the datastore and the drafter need only numpy, the
+engine's names (``sssd.Engine`` ...) import torch and transformers on first use.
 """
 
 import os
@@ -12,7 +25,6 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 
 from sssd._core import DatastoreError, has_openmp, max_threads
-from sssd.cuda_ops import cuda_available, has_cuda
 from sssd.datastore import (
     Datastore,
     DatastoreInfo,
@@ -20,25 +32,25 @@ from sssd.datastore import (
     SearchResult,
     TokenizerMismatchError,
     build_datastore,
+    tokenizer_fingerprint,
 )
-from sssd.drafter import DraftBatch, Drafter, DrafterConfig, UnknownRequestError
-from sssd.fingerprint import tokenizer_fingerprint
-from sssd.simulate import SimulationResult, simulate
-from sssd.tree_buffers import TreeBuffers, tree_buffers
+from sssd.drafter import DraftBatch, Drafter, DrafterConfig, TreeBuffers, UnknownRequestError, tree_buffers
+from sssd.evaluation import SimulationResult, simulate
+from sssd.kernels.tree_attention import cuda_available, has_cuda
 
 __version__ = "0.1.0"
 
 # The engine needs torch and transformers: import it only when one of its names is used. The scheduling
 # names need only numpy but are imported on first use too.
 _LAZY = {
-    "Engine": "sssd.engine",
-    "EngineConfig": "sssd.engine",
-    "SamplingParams": "sssd.sampling",
-    "GenerationResult": "sssd.requests",
-    "StreamEvent": "sssd.requests",
-    "BudgetConfig": "sssd.policy",
-    "BudgetPolicy": "sssd.policy",
-    "CostModel": "sssd.costmodel",
+    "Engine": "sssd.engine.engine",
+    "EngineConfig": "sssd.engine.engine",
+    "SamplingParams": "sssd.engine.sampling",
+    "GenerationResult": "sssd.engine.requests",
+    "StreamEvent": "sssd.engine.requests",
+    "BudgetConfig": "sssd.policy.adaptive",
+    "BudgetPolicy": "sssd.policy.adaptive",
+    "CostModel": "sssd.policy.cost_model",
 }
 
 

@@ -1,4 +1,4 @@
-"""The ``sssd`` command: one subcommand per module in ``sssd.commands``.
+"""The ``sssd`` command: one subcommand per module in ``sssd.cli``.
 
 Each module defines ``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``. Modules are
 imported lazily so ``sssd --help`` stays fast and commands that need torch do not import it for others.
@@ -12,12 +12,12 @@ import sys
 
 # (name, module, one-line help). Keep in alphabetical order.
 COMMANDS: list[tuple[str, str, str]] = [
-    ("calibrate", "sssd.commands.calibrate", "fit a calibration table on pairs with the simulator"),
-    ("demo", "sssd.commands.demo", "SmolLM2 demo: generate with and without speculation, compare"),
-    ("generate", "sssd.commands.generate", "generate with speculative decoding; outputs + stats"),
-    ("info", "sssd.commands.info", "show a datastore's header and check it"),
-    ("profile", "sssd.commands.profile", "measure a model's step cost and save the cost profile (JSON)"),
-    ("simulate", "sssd.commands.simulate", "replay (prompt, output) pairs through a drafter: MAL, timing"),
+    ("calibrate", "sssd.cli.calibrate", "fit a calibration table on pairs with the simulator"),
+    ("demo", "sssd.cli.demo", "SmolLM2 demo: generate with and without speculation, compare"),
+    ("generate", "sssd.cli.generate", "generate with speculative decoding; outputs + stats"),
+    ("info", "sssd.cli.info", "show a datastore's header and check it"),
+    ("profile", "sssd.cli.profile", "measure a model's step cost and save the cost profile (JSON)"),
+    ("simulate", "sssd.cli.simulate", "replay (prompt, output) pairs through a drafter: MAL, timing"),
 ]
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from sssd.evaluation import SOURCES, DrafterSpec, parse_sources
+from sssd.evaluation.fitting import SOURCES, DrafterSpec, parse_sources
 
 NAME = "calibrate"
 
@@ -33,9 +33,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sssd import calibration
-    from sssd.evaluation import calibration_error, collect_records, fit_calibration
-    from sssd.pairs import load_pairs, split_pairs
+    from sssd.drafter import calibration
+    from sssd.evaluation.fitting import calibration_error, collect_records, fit_calibration
+    from sssd.evaluation.pairs import load_pairs, split_pairs
 
     if args.budget < 1 or args.batch_size < 1:
         raise ValueError("--budget and --batch-size must be >= 1")
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError("--sources includes datastore: give --datastore PATH")
     ds = None
     if args.datastore is not None:
-        from sssd.datastore import Datastore
+        from sssd.datastore.store import Datastore
 
         ds = Datastore.open(args.datastore)
     pairs = load_pairs(args.pairs, subsets=args.subsets, vocab_size=ds.vocab_size if ds else None)

@@ -32,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _questions(n: int) -> list[str]:
     """n prompts: MT-Bench first turns and HumanEval problems (worded as in the dev pairs), alternating;
     built-in questions when those packages are not installed."""
-    from sssd.models import humaneval_problems, mtbench_questions
+    from sssd.models.local import humaneval_problems, mtbench_questions
 
     try:
         chat = [q["turns"][0] for q in mtbench_questions()]
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
 
     import sssd
     from sssd.data import sample_corpus, sample_vocab_size
-    from sssd.model_loading import chat_ids, load_model
+    from sssd.models.loading import chat_ids, load_model
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)

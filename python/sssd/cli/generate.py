@@ -53,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _prompt_ids(args: argparse.Namespace, tokenizer: Any) -> list[dict[str, Any]]:
-    from sssd.model_loading import chat_ids, read_prompts
+    from sssd.models.loading import chat_ids, read_prompts
 
     items = [{"id": "prompt", "text": args.prompt, "ids": None}] if args.prompt is not None else None
     items = items or read_prompts(args.prompts)
@@ -138,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     import sssd
-    from sssd.model_loading import load_model
+    from sssd.models.loading import load_model
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -170,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
     if args.budget > 0:
         _compare(model, tokenizer, prompts, results, engine, args)
     if args.output:
-        from sssd.pairs import Pair, save_pairs
+        from sssd.evaluation.pairs import Pair, save_pairs
 
         pairs = [
             Pair.make(

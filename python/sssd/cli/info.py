@@ -14,7 +14,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sssd.datastore import Datastore
+    from sssd.datastore.store import Datastore
 
     t0 = time.perf_counter()
     ds = Datastore.open(args.datastore)

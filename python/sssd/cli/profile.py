@@ -51,7 +51,7 @@ def _contexts(pairs_path: str | None, n: int = 64):
     import numpy as np
 
     if pairs_path:
-        from sssd.pairs import load_pairs
+        from sssd.evaluation.pairs import load_pairs
 
         pairs = load_pairs(pairs_path, limit=n)
         return [np.concatenate([p.prompt_ids, p.output_ids[: len(p.output_ids) // 2]]) for p in pairs]
@@ -66,8 +66,8 @@ def _refit(src: str, output: str) -> int:
     """Fit a profile again from the raw samples saved in ``src`` (e.g. after a cost-model change)."""
     import json
 
-    from sssd import profiling as prof
-    from sssd.costmodel import StepSample
+    from sssd.policy import profiling as prof
+    from sssd.policy.cost_model import StepSample
 
     path = Path(src)
     if not path.is_file():
@@ -87,7 +87,7 @@ def _refit(src: str, output: str) -> int:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from sssd import profiling as prof
+    from sssd.policy import profiling as prof
 
     if args.refit:
         return _refit(args.refit, args.output)
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if min(grid.batch_sizes) < 1 or min(grid.contexts) < 2:
         raise ValueError("batch sizes must be >= 1 and contexts >= 2 tokens")
-    from sssd.model_loading import load_model
+    from sssd.models.loading import load_model
 
     model, _, path = load_model(args.model, args.dtype, args.device)
     name = f"{path.name} ({args.dtype}, {model.device})"
@@ -127,11 +127,11 @@ def run(args: argparse.Namespace) -> int:
 
 def _drafter_factory(args):
     if args.baseline == "prompt-lookup":
-        from sssd.baselines import PromptLookupDrafter
+        from sssd.evaluation.baselines import PromptLookupDrafter
 
         return PromptLookupDrafter
-    from sssd.datastore import Datastore
-    from sssd.drafter import Drafter, DrafterConfig
+    from sssd.datastore.store import Datastore
+    from sssd.drafter.retrieval import Drafter, DrafterConfig
 
     ds = Datastore.open(args.datastore) if args.datastore else None
     return lambda: Drafter(datastore=ds, config=DrafterConfig())

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from sssd.evaluation import BASELINES, SOURCES, DrafterSpec, make_drafter, parse_sources
+from sssd.evaluation.fitting import BASELINES, SOURCES, DrafterSpec, make_drafter, parse_sources
 
 
 def parse_int_list(text: str) -> list[int]:
@@ -20,7 +20,7 @@ def parse_int_list(text: str) -> list[int]:
 def open_datastore(path: str | None):
     if path is None:
         return None
-    from sssd.datastore import Datastore
+    from sssd.datastore.store import Datastore
 
     return Datastore.open(path)
 
@@ -67,8 +67,8 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sssd.pairs import load_pairs, total_tokens
-    from sssd.simulate import simulate
+    from sssd.evaluation.pairs import load_pairs, total_tokens
+    from sssd.evaluation.simulator import simulate
 
     _check(args)
     ds = open_datastore(args.datastore) if args.baseline is None else None

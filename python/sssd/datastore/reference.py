@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from sssd.datastore import SearchConfig, SearchResult, Trie
+from sssd.datastore.store import SearchConfig, SearchResult, Trie
 
 FNV64_OFFSET_BASIS = 0xCBF29CE484222325
 FNV64_PRIME = 0x100000001B3

@@ -16,7 +16,7 @@ import numpy as np
 
 from sssd import _core
 from sssd._core import DatastoreError
-from sssd.fingerprint import MAX_FINGERPRINT_BYTES, same_vocabulary, tokenizer_fingerprint
+from sssd.datastore.fingerprint import MAX_FINGERPRINT_BYTES, same_vocabulary, tokenizer_fingerprint
 
 PathLike = Union[str, "os.PathLike[str]"]
 Progress = Callable[[str, int, int], None]

@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 
 from sssd import _core
-from sssd.calibration import CalibrationTable, PathLike, default_table
-from sssd.datastore import Datastore
+from sssd.datastore.store import Datastore
+from sssd.drafter.calibration import CalibrationTable, PathLike, default_table
 
 UnknownRequestError = _core.UnknownRequestError  # a KeyError and a ValueError
 

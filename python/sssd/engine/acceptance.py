@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sssd.sampling import sample_from
+from sssd.engine.sampling import sample_from
 
 
 def children_lists(parents: np.ndarray) -> list[list[int]]:

@@ -13,9 +13,9 @@ All requests' trees are packed into one row (``input_ids`` ``[1, N]``). Attentio
 
 - ``"sdpa"``: the queries are laid out per request (``[B, H, n_max, D]``, padded) for one fused torch SDPA
   call per layer with a dense boolean mask over each request's rows;
-- ``"packed"``: the packed layout goes as is to :func:`sssd.cuda_ops.hf_tree_attention`, which runs the CUDA
-  tree kernel (CUDA tensors, fp16/bf16, head dim 64/128: committed rows unmasked, tree nodes through
-  128-bit ancestor masks, no padding) and otherwise the float64 reference of that kernel (slow; the
+- ``"packed"``: the packed layout goes as is to :func:`sssd.kernels.tree_attention.hf_tree_attention`, which
+  runs the CUDA tree kernel (CUDA tensors, fp16/bf16, head dim 64/128: committed rows unmasked, tree nodes
+  through 128-bit ancestor masks, no padding) and otherwise the float64 reference of that kernel (slow; the
   GPU suite's "float32 reference mode"). Trees of more than 128 nodes (long prefill chunks) use SDPA.
 - ``"emulated"`` (tests): the packed path through the host emulation of the kernel's tiling (float32).
 - ``"auto"`` (default): the backend named by the environment variable ``SSSD_ATTENTION`` if set, else
@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from sssd.attention import ancestor_mask, is_chain, tree_attention
-from sssd.kv_cache import CacheShape, KVCache, StepWrites
+from sssd.engine.attention import ancestor_mask, is_chain, tree_attention
+from sssd.engine.kv_cache import CacheShape, KVCache, StepWrites
 
 ATTENTION_NAME = "sssd_tree"
 ATTENTION_BACKENDS = ("auto", "sdpa", "packed", "emulated")
@@ -214,7 +214,7 @@ class ModelAdapter:
 
     @staticmethod
     def _resolve_attention(attention: str, shape: CacheShape) -> str:
-        from sssd import cuda_ops
+        from sssd.kernels import tree_attention as cuda_ops
 
         fits = cuda_ops.kernel_can_run(shape.device, shape.dtype, shape.head_dim)
         if attention == "auto":
@@ -328,7 +328,7 @@ class ModelAdapter:
         return StepContext(cache, slot_start, slot_start + b, rows, n_max, writes, visible, pad_src, unpad)
 
     def _packed_context(self, slot_start, trees, sizes, committed, rows, writes) -> StepContext:
-        from sssd import cuda_ops
+        from sssd.kernels import tree_attention as cuda_ops
 
         offsets = np.zeros(len(trees) + 1, dtype=np.int64)
         np.cumsum(sizes, out=offsets[1:])

@@ -14,7 +14,7 @@ commit the accepted nodes' K/V, hand the new tokens to the drafter, retire finis
 
 The budget hook (for the adaptive scheduler): ``EngineConfig.policy`` is any object with
 ``plan(view: StepView) -> int | Sequence[int]`` (global budget or one per request, 0 = plain decoding)
-and ``observe(timing: StepTiming)`` called after every step; see ``sssd.policy``. Optional hooks:
+and ``observe(timing: StepTiming)`` called after every step; see ``sssd.policy.adaptive``. Optional hooks:
 ``propose_kwargs(view) -> dict`` (extra ``propose`` arguments, e.g. SLO targets), ``select(view, batch)``
 (the part of the proposed batch to verify) and ``admit(view: AdmitView) -> list[int]`` (which waiting
 requests join the batch now; FIFO without it). Without a policy the engine uses the adaptive
@@ -33,12 +33,12 @@ from typing import Any
 
 import numpy as np
 
-from sssd.adapter import ATTENTION_BACKENDS, ModelAdapter
-from sssd.draft_trees import split_batch
-from sssd.policy_hook import AdmitView, FixedBudget, StepTiming, StepView
-from sssd.requests import GenerationResult, Request, StreamEvent, as_prompt_ids
-from sssd.sampling import SamplingParams, as_params, eos_defaults
-from sssd.step_verify import verify_step
+from sssd.engine.adapter import ATTENTION_BACKENDS, ModelAdapter
+from sssd.engine.requests import GenerationResult, Request, StreamEvent, as_prompt_ids
+from sssd.engine.sampling import SamplingParams, as_params, eos_defaults
+from sssd.engine.trees import split_batch
+from sssd.engine.verify import verify_step
+from sssd.policy.interface import AdmitView, FixedBudget, StepTiming, StepView
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class EngineConfig:
     cost_profile: str | None = None  # JSON written by `sssd profile`
     # attention of the verification forward: "auto" (the CUDA tree kernel when it can run the model, else
     # torch SDPA), "sdpa", "packed" (kernel, or its float64 reference where it cannot run) or "emulated"
-    # (the kernel's host emulation; tests). See sssd.adapter.
+    # (the kernel's host emulation; tests). See sssd.engine.adapter.
     attention: str = "auto"
 
     def __post_init__(self) -> None:
@@ -383,8 +383,8 @@ class Engine:
 def _default_policy(config: EngineConfig) -> Any:
     if config.budget_mode == "fixed" or config.per_request_budget:
         return FixedBudget(int(config.budget), config.per_request_budget)
-    from sssd.costmodel import CostModel
-    from sssd.policy import BudgetConfig, BudgetPolicy
+    from sssd.policy.adaptive import BudgetConfig, BudgetPolicy
+    from sssd.policy.cost_model import CostModel
 
     cost = CostModel.load(config.cost_profile) if config.cost_profile else None
     return BudgetPolicy(BudgetConfig(mode="adaptive", budget=int(config.budget)), cost)

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from sssd.sampling import SamplingParams
+from sssd.engine.sampling import SamplingParams
 
 
 @dataclass

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from sssd.adapter import Tree
+from sssd.engine.adapter import Tree
 
 
 class MalformedDraftError(ValueError):

@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from sssd.sampling import target_probs
-from sssd.verify import child_index, children_lists, sampling_node, specinfer_node
+from sssd.engine.acceptance import child_index, children_lists, sampling_node, specinfer_node
+from sssd.engine.sampling import target_probs
 
 
 class _Walk:

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from sssd.drafter import DraftBatch, UnknownRequestError
+from sssd.drafter.retrieval import DraftBatch, UnknownRequestError
 
 
 @dataclass(frozen=True)

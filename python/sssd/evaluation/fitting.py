@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from sssd.pairs import Pair, split_pairs
-from sssd.simulate import NodeRecords, SimulationResult, merge_results, simulate
+from sssd.evaluation.pairs import Pair, split_pairs
+from sssd.evaluation.simulator import NodeRecords, SimulationResult, merge_results, simulate
 
 BASELINES = ("prompt-lookup",)
 SOURCES = ("input", "datastore", "recent")  # "recent" = the drafter's recent-outputs pool
@@ -49,7 +49,7 @@ def parse_sources(text: str) -> tuple[str, ...]:
 
 def load_table(spec_calibration: str | None) -> Any:
     """The CalibrationTable a spec names: None -> the shipped default, "none" -> identity, else a file."""
-    from sssd import calibration
+    from sssd.drafter import calibration
 
     if spec_calibration is None:
         return calibration.default_table()
@@ -61,14 +61,14 @@ def load_table(spec_calibration: str | None) -> Any:
 def make_drafter(spec: DrafterSpec, datastore: Any = None, table: Any = None) -> Any:
     """A fresh drafter (no requests, empty recent pool). ``table`` overrides ``spec.calibration``."""
     if spec.baseline == "prompt-lookup":
-        from sssd.baselines import PromptLookupDrafter
+        from sssd.evaluation.baselines import PromptLookupDrafter
 
         return PromptLookupDrafter()
     if spec.baseline is not None:
         raise ValueError(f"unknown baseline {spec.baseline!r}; choose from {', '.join(BASELINES)}")
     if "datastore" in spec.sources and datastore is None:
         raise ValueError("the datastore source needs a datastore (--datastore PATH)")
-    from sssd.drafter import Drafter, DrafterConfig
+    from sssd.drafter.retrieval import Drafter, DrafterConfig
 
     config = DrafterConfig(
         use_input="input" in spec.sources,
@@ -116,7 +116,7 @@ def fit_calibration(
     group's raw -> acceptance relation is seen unbent) and fits the monotone maps to the tested nodes;
     each further round replays with the latest table, so the fit also sees the nodes a calibrated
     drafter proposes, and refits on all observations so far."""
-    from sssd import calibration
+    from sssd.drafter import calibration
 
     if spec.baseline is not None:
         raise ValueError("baselines have no calibration to fit")
@@ -133,7 +133,7 @@ def fit_calibration(
 
 def calibration_error(records: NodeRecords) -> float:
     """ECE of the probabilities the drafter reported for tested nodes against their outcomes."""
-    from sssd import calibration
+    from sssd.drafter import calibration
 
     return calibration.calibration_error(records.features["probs"], records.accepted)
 

@@ -1,7 +1,7 @@
 """Slow, obviously correct versions of the CUDA ops (the test oracles), and the kernel's host emulation.
 
-They take the same arguments and layout as :mod:`sssd.cuda_ops` (see its docstring) and run on any
-device, CPU included. The references compute in float64.
+They take the same arguments and layout as :mod:`sssd.kernels.tree_attention` (see its docstring) and
+run on any device, CPU included. The references compute in float64.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import numpy as np
 MAX_TREE_NODES = 128  # the kernel's limit: two uint64 mask words
 
 if TYPE_CHECKING:  # pragma: no cover
-    from sssd.cuda_ops import CommitPlan, PackedTrees
+    from sssd.kernels.tree_attention import CommitPlan, PackedTrees
 
 
 def ancestor_masks(parents: np.ndarray, offsets: np.ndarray) -> np.ndarray:

@@ -451,7 +451,7 @@ def kv_append(k_src, v_src, k_dst, v_dst) -> None:
         )  # fmt: skip
 
 
-from sssd.cuda_reference import (  # noqa: E402  (re-exported: mask builder and the oracles of the ops above)
+from sssd.kernels.reference import (  # noqa: E402  (re-exported: mask builder and the oracles of the ops above)
     ancestor_masks,
     kv_commit_reference,
     tree_attention_emulated,

@@ -31,7 +31,7 @@ def load_model(spec: str | Path | None, dtype: str = "float32", device: str = "c
     import torch
     from transformers import AutoModelForCausalLM
 
-    from sssd.models import ensure_hf_model, load_tokenizer
+    from sssd.models.local import ensure_hf_model, load_tokenizer
 
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")

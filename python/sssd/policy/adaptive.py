@@ -1,18 +1,19 @@
 """Per-step speculation budget: fixed, or adaptive (goodput-driven, optionally SLO-aware).
 
-Each step the adaptive policy asks the drafter for ONE batch at the largest budget, evaluates every
-global budget 0..K from the batch's ``gain`` curve and the :class:`~sssd.costmodel.CostModel`, and keeps
-the prefix with the highest expected goodput (``batch.truncate(k)``). Budget 0 (plain decoding) is always
-a candidate. When speculation has not paid for a while the policy stops calling the drafter (its time is
-saved too) and probes again with exponential back-off.
+Each step the adaptive policy asks the drafter for ONE batch at the largest budget, evaluates every global
+budget 0..K from the batch's ``gain`` curve and the :class:`~sssd.policy.cost_model.CostModel`, and keeps the
+prefix with the highest expected goodput (``batch.truncate(k)``). Budget 0 (plain decoding) is always a
+candidate. When speculation has not paid for a while the policy stops calling the drafter (its time is saved
+too) and probes again with exponential back-off.
 
 With TPOT targets (``set_slo``), among the budgets whose expected goodput is within
 ``slo_goodput_tolerance`` of the best, it picks the one that is predicted to meet the most (priority-
 weighted) targets, with nodes re-ranked so that requests falling short of their target get them first.
 It also decides who joins the batch (``admit``): FIFO without targets; with them, higher priority first,
-and a request waits while admitting it would push a running request over its target (``sssd.admission``).
+and a request waits while admitting it would push a running request over its target
+(``sssd.policy.admission``).
 
-The engine's hook (any object with these methods works; see ``sssd.engine``): ``plan(view: StepView)``
+The engine's hook (any object with these methods works; see ``sssd.engine.engine``): ``plan(view: StepView)``
 returns the step's budget (a global int or one per request; 0 = plain decoding), an optional
 ``select(view, batch)`` truncates the proposed batch, an optional ``admit(view: AdmitView)`` picks the
 waiting requests that join, and ``observe(timing: StepTiming)`` gets the measured step. ``FixedBudget``
@@ -26,8 +27,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sssd.admission import Candidate, RunningState, admit_with_slo, expected_remaining
-from sssd.budget import (
+from sssd.policy.admission import Candidate, RunningState, admit_with_slo, expected_remaining
+from sssd.policy.cost_model import CostModel, StepSample
+from sssd.policy.goodput import (
     BudgetChoice,
     accumulated_probs,
     cap_per_request,
@@ -36,8 +38,7 @@ from sssd.budget import (
     slo_first,
     truncate_batch,
 )
-from sssd.costmodel import CostModel, StepSample
-from sssd.policy_hook import (  # noqa: F401  (re-exported: the hook's types live in sssd.policy_hook)
+from sssd.policy.interface import (  # noqa: F401  (re-exported: the hook's types live in sssd.policy.interface)
     AdmitView,
     FixedBudget,
     PolicyHook,
@@ -182,7 +183,7 @@ class BudgetPolicy:
     def admit(self, view: AdmitView) -> list[int]:
         """Ids of waiting requests to admit before the next step, in order (at most ``free_slots``).
         Without TPOT targets (or with ``slo_admission`` off) this is FIFO, as without the hook; with
-        them, see :mod:`sssd.admission`."""
+        them, see :mod:`sssd.policy.admission`."""
         rids = list(view.running.request_ids)
         if not (
             self.config.slo_admission

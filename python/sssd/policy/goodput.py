@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sssd.costmodel import CostModel
+from sssd.policy.cost_model import CostModel
 
 
 @dataclass(frozen=True)

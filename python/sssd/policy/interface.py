@@ -5,7 +5,7 @@ A policy is any object with ``plan(view: StepView)`` (the step's budget: a globa
 request; 0 = plain decoding) and ``observe(timing: StepTiming)``; optional hooks are
 ``select(view, batch)`` (truncate the proposed batch), ``propose_kwargs(view)`` (extra drafter
 arguments), ``admit(view: AdmitView)`` (who joins the batch) and ``remove_request(rid)``.
-``sssd.policy.BudgetPolicy`` is the adaptive one (the engine's default).
+``sssd.policy.adaptive.BudgetPolicy`` is the adaptive one (the engine's default).
 """
 
 from __future__ import annotations

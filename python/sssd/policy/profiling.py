@@ -1,4 +1,4 @@
-"""Measure a model's step cost on this machine and fit the :class:`~sssd.costmodel.CostModel` profile.
+"""Measure a model's step cost on this machine and fit the :class:`~sssd.policy.cost_model.CostModel` profile.
 
 Forward: the real engine runs steps over a grid of (batch size, context length, tree tokens) with a
 synthetic drafter (random trees of exactly the requested size: acceptance ≈ 0, so contexts stay near the
@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from sssd.costmodel import CostModel, StepSample, forward_features
+from sssd.policy.cost_model import CostModel, StepSample, forward_features
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ def profile_forward(
     model: Any, grid: ProfileGrid, *, seed: int = 0, progress: Callable[[str], None] | None = None
 ) -> list[StepSample]:
     """Engine steps over the grid; one :class:`StepSample` per measured step (draft part excluded)."""
-    from sssd.engine import Engine, EngineConfig
+    from sssd.engine.engine import Engine, EngineConfig
 
     vocab = int(model.config.vocab_size)
     rng = np.random.default_rng(seed)

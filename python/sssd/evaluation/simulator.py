@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from sssd.pairs import Pair
+from sssd.evaluation.pairs import Pair
 
 ALLOCATIONS = ("per-request", "global")
 # Per-node batch fields that are not calibration features.
@@ -179,14 +179,14 @@ def _node_features(batch: Any, n: int) -> dict[str, np.ndarray]:
 
 def _source_names(drafter: Any) -> Callable[[int], str]:
     """Name of a batch ``source`` code (the node's winning source): ``drafter.source_names[code]``, else
-    the sssd drafter's source ids (``sssd.calibration.SOURCES``)."""
+    the sssd drafter's source ids (``sssd.drafter.calibration.SOURCES``)."""
     names: list[str] = []
 
     def decode(code: int) -> str:
         if not names:
             given = getattr(drafter, "source_names", None)
             if given is None:
-                from sssd.calibration import SOURCES as given
+                from sssd.drafter.calibration import SOURCES as given
             names.extend(given)
         return names[code] if 0 <= code < len(names) else str(code)
 

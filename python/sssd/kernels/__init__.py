@@ -1,0 +1,8 @@
+"""GPU kernels: torch-facing wrappers of ``sssd._cuda`` (tree attention, KV commit) and their references.
+
+``tree_attention`` checks devices, dtypes, shapes and contiguity and passes raw pointers and the stream
+to the extension (which never links libtorch); ``reference`` holds the float64 references and the host
+emulation of the kernels' tiling that the tests compare against.
+
+May import: torch, numpy and ``sssd._cuda``. Nothing else in sssd.
+"""

