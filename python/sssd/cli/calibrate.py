@@ -24,12 +24,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pairs", required=True, help="pairs JSONL (fields prompt_ids, output_ids, id, subset)")
     p.add_argument("--datastore", help="datastore file or shard directory (needed for the datastore source)")
     p.add_argument("--output", required=True, help="calibration table JSON to write")
-    p.add_argument("--sources", type=parse_sources, default=SOURCES, help="input,datastore,recent")
-    p.add_argument("--budget", type=int, default=64, help="draft nodes per request while collecting (64)")
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--rounds", type=int, default=2, help="replay rounds (1: identity table only; 2)")
-    p.add_argument("--holdout", type=float, default=0.3, help="share of pairs held out for the check (0.3)")
-    p.add_argument("--subsets", help="comma list of pair subsets to use")
+    p.add_argument(
+        "--sources",
+        type=parse_sources,
+        default=SOURCES,
+        help="comma list of drafting sources (datastore is left out when no --datastore is given)",
+    )
+    p.add_argument("--budget", type=int, default=64, help="draft nodes per request while collecting")
+    p.add_argument("--batch-size", type=int, default=16, help="requests replayed together")
+    p.add_argument(
+        "--rounds", type=int, default=2, help="replay rounds (1: with the identity table only; 2: then again)"
+    )
+    p.add_argument("--holdout", type=float, default=0.3, help="share of pairs held out for the check")
+    p.add_argument("--subsets", help="comma list of pair subsets to use (default: all)")
 
 
 def run(args: argparse.Namespace) -> int:

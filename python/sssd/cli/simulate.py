@@ -31,8 +31,13 @@ NAME = "simulate"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pairs", required=True, help="pairs JSONL (fields prompt_ids, output_ids, id, subset)")
     p.add_argument("--datastore", help="datastore file or shard directory (for the datastore source)")
-    p.add_argument("--budget", type=parse_int_list, default=[16, 64], help="draft nodes per request (16,64)")
-    p.add_argument("--batch-size", type=int, default=16, help="requests advancing together (16)")
+    p.add_argument(
+        "--budget",
+        type=parse_int_list,
+        default=[16, 64],
+        help="draft nodes per request; a comma list runs each",
+    )
+    p.add_argument("--batch-size", type=int, default=16, help="requests advancing together")
     p.add_argument(
         "--allocation",
         choices=("per-request", "global"),
@@ -44,12 +49,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--compare", action="store_true", help="also run the prompt-lookup baseline (same budgets)"
     )
     p.add_argument(
-        "--sources", type=parse_sources, default=SOURCES, help=f"comma list of {','.join(SOURCES)} (all)"
+        "--sources", type=parse_sources, default=SOURCES, help=f"comma list of {','.join(SOURCES)}"
     )
-    p.add_argument("--calibration", help="calibration table JSON, or 'none' for raw estimates")
+    p.add_argument(
+        "--calibration",
+        help="calibration table JSON, or 'none' for raw estimates (default: the shipped table)",
+    )
     p.add_argument("--online", action="store_true", help="update the calibration online (drafter.observe)")
-    p.add_argument("--subsets", help="comma list of pair subsets to keep (e.g. mtbench,humaneval)")
-    p.add_argument("--limit", type=int, help="use only the first N pairs")
+    p.add_argument(
+        "--subsets", help="comma list of pair subsets to keep, e.g. mtbench,humaneval (default: all)"
+    )
+    p.add_argument("--limit", type=int, help="use only the first N pairs (default: all)")
     p.add_argument("--details", action="store_true", help="also print acceptance per source and per depth")
     p.add_argument("--json", dest="json_out", help="write the results as JSON to this file")
 
