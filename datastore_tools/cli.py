@@ -10,8 +10,13 @@ Inputs, any number and mix, read in the order given:
                        binary and non-UTF-8 files skipped and counted)
   any other file       one document: the whole file, as UTF-8 text
 
-Errors (a missing file, a bad JSON line, an empty corpus, token ids out of range) print one line and
-exit with status 2; nothing is left at the destination.
+The datastore records the tokenizer (name + vocabulary hash) so that `sssd generate` can check it
+against the model's. Pre-tokenized inputs record none unless --tokenizer names the one that made
+them; such a datastore is still usable (see docs/cli.md) and the build says so with a warning.
+
+Errors (a missing file, a bad JSON line, an empty corpus, token ids out of range, a missing optional
+package) print one line and exit with status 2; Ctrl-C exits with 130; nothing is left at the
+destination either way. --debug or SSSD_DEBUG=1 shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -19,6 +24,9 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+
+from sssd.cli.errors import run_guarded
+from sssd.cli.helpfmt import DefaultsHelpFormatter
 
 from datastore_tools.inputs import ReadOptions
 from datastore_tools.jsonl import PAIR_CHOICES
@@ -37,9 +45,7 @@ def _positive(text: str) -> int:
 
 
 def make_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=DefaultsHelpFormatter)
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="files and directories to read")
     p.add_argument(
         "-o",
@@ -50,36 +56,36 @@ def make_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--tokenizer",
-        metavar="DIR|FILE.gguf|smollm2",
-        help="tokenizer of the text inputs, recorded in the header (default: smollm2, the "
-        "project's SmolLM2 model; pre-tokenized inputs: none unless given)",
+        metavar="DIR|FILE.gguf|HUB_ID|smollm2",
+        help="tokenizer of the text inputs, recorded in the header; a Hub id (owner/name) is read "
+        "from the local Hugging Face cache (default: smollm2, the project's SmolLM2 model; "
+        "pre-tokenized inputs: none unless given)",
     )
     p.add_argument(
         "--vocab-size",
         type=_positive,
-        help="vocabulary size; required for pre-tokenized inputs without --tokenizer",
+        help="vocabulary size; required for pre-tokenized inputs without --tokenizer (default: the "
+        "tokenizer's)",
     )
-    p.add_argument(
-        "--text-field", default="text", help="JSONL text records: field with the text (default: text)"
-    )
+    p.add_argument("--text-field", default="text", help="JSONL text records: field with the text")
     p.add_argument(
         "--jsonl-format",
         choices=("auto", "text", "chat", "pairs"),
         default="auto",
-        help="JSONL record kind (default: guessed from the first record)",
+        help="JSONL record kind; auto: guessed from the first record",
     )
     p.add_argument(
         "--pair-ids",
         choices=PAIR_CHOICES,
         default="output",
-        help="JSONL pairs: which ids become documents; both = two documents, concat = one (default: output)",
+        help="JSONL pairs: which ids become documents; both = two documents, concat = one",
     )
     p.add_argument(
         "--glob",
         action="append",
         default=[],
         metavar="PATTERN",
-        help="directories: read only files matching it (repeatable; e.g. '*.py')",
+        help="directories: read only files matching it (repeatable; e.g. '*.py'; default: all files)",
     )
     p.add_argument(
         "--exclude",
@@ -93,12 +99,12 @@ def make_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="let the tokenizer add its BOS/EOS-style tokens to every text",
     )
-    p.add_argument("--batch-size", type=_positive, default=256, help="texts per tokenizer call (default 256)")
+    p.add_argument("--batch-size", type=_positive, default=256, help="texts per tokenizer call")
     p.add_argument(
         "--shard-tokens",
         type=_positive,
         metavar="N",
-        help="write a directory of shards shard-00000.sssd, ... of at most N tokens each",
+        help="write a directory of shards shard-00000.sssd, ... of at most N tokens each (default: one file)",
     )
     p.add_argument(
         "--no-index",
@@ -108,20 +114,38 @@ def make_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--force", action="store_true", help="replace an existing output")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress display and no summary")
+    p.add_argument("--debug", action="store_true", help="show the traceback of an error (or SSSD_DEBUG=1)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     # Inputs may come before, between and after options (-o x.sssd a.jsonl --glob '*.py' dir).
     args = make_parser().parse_intermixed_args(argv)
-    from sssd import DatastoreError
+    return run_guarded(
+        PROG,
+        lambda: _build(args),
+        debug=args.debug,
+        extra="tools",
+        on_interrupt=f"nothing was written to {args.output}",
+    )
 
+
+def _tokenizer_spec(spec: str | None) -> str | None:
+    """--tokenizer as the pipeline takes it: a Hub id becomes its directory in the Hugging Face cache."""
+    from sssd.models.loading import hub_snapshot, is_hub_id
+
+    if spec is None or spec == "smollm2" or Path(spec).expanduser().exists() or not is_hub_id(spec):
+        return spec
+    return str(hub_snapshot(spec, required="tokenizer_config.json"))
+
+
+def _build(args: argparse.Namespace) -> int:
     from datastore_tools.pipeline import BuildConfig, build
 
     config = BuildConfig(
         inputs=tuple(args.inputs),
         output=args.output,
-        tokenizer=args.tokenizer,
+        tokenizer=_tokenizer_spec(args.tokenizer),
         vocab_size=args.vocab_size,
         read=ReadOptions(
             text_field=args.text_field,
@@ -137,19 +161,17 @@ def main(argv: list[str] | None = None) -> int:
         progress=not args.quiet,
         search_index=not args.no_index,
     )
-    try:
-        summary = build(config)
-    except (ValueError, OSError, TypeError, DatastoreError) as e:  # bad input: one clear line
-        print(f"{PROG}: error: {e}", file=sys.stderr)
-        return 2
-    except ImportError as e:
-        print(f"{PROG}: error: {e}; tokenizers need `pip install sssd[tools]`", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"{PROG}: interrupted; nothing was written to {args.output}", file=sys.stderr)
-        return 130
+    summary = build(config)
     if not args.quiet:
         print("\n".join(summary.lines()))
+    if not summary.tokenizer_fingerprint:  # said even with -q: it decides how the datastore can be used
+        print(
+            f"{PROG}: warning: {args.output} records no tokenizer (pre-tokenized input without --tokenizer); "
+            f"sssd generate will use it with a model whose vocabulary holds its {summary.vocab_size:,} ids, "
+            "trusting they come from that model's tokenizer; --tokenizer (the one that made the ids) "
+            "records it so that it is checked",
+            file=sys.stderr,
+        )
     return 0
 
 
