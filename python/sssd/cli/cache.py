@@ -5,7 +5,7 @@ The cache directory is $SSSD_CACHE_DIR (default ~/.cache/sssd). It holds
                (float32, about 517 MiB) and any .gguf file given as --model
   tokenizers/  tokenizers converted from GGUF files by build-datastore --tokenizer FILE.gguf
 Everything there is made again when needed, so clearing it is always safe (the next run converts
-again: tens of seconds for SmolLM2). Models given as Hub ids live in the Hugging Face cache (HF_HOME),
+again: about 20 s for SmolLM2). Models given as Hub ids live in the Hugging Face cache (HF_HOME),
 which sssd neither fills nor clears.
 """
 
