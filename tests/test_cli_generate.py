@@ -48,6 +48,15 @@ def test_read_prompts_errors(tmp_path, content, match):
         (["generate", "--prompt", "x", "--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
         (["generate", "--prompt", "x", "--budget", "-1"], "--budget must be >= 0"),
         (["generate", "--prompt", "x", "--model", "/nonexistent/model"], "model not found"),
+        # Prompts and datastore are read before the model loads: their errors come first.
+        (
+            ["generate", "--prompts", "/nonexistent.jsonl", "--model", "/nonexistent/m"],
+            "prompts file not found",
+        ),
+        (
+            ["generate", "--prompt", "x", "--datastore", "/nonexistent.sssd", "--model", "/nonexistent/m"],
+            "not found: /nonexistent.sssd",
+        ),
         (["demo", "--prompts", "0"], "must be >= 1"),
     ],
 )

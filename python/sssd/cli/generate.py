@@ -83,11 +83,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="do not print the outputs")
 
 
-def _prompt_ids(args: argparse.Namespace, tokenizer: Any, chat: bool) -> list[dict[str, Any]]:
-    from sssd.models.loading import chat_ids, read_prompts
+def _read_prompts(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The prompts as items {id, text, ids} (ids None for text), read before the model loads so that a
+    bad prompts file fails at once."""
+    from sssd.models.loading import read_prompts
 
-    items = [{"id": "prompt", "text": args.prompt, "ids": None}] if args.prompt is not None else None
-    items = items or read_prompts(args.prompts)
+    if args.prompt is not None:
+        return [{"id": "prompt", "text": args.prompt, "ids": None}]
+    return read_prompts(args.prompts)
+
+
+def _prompt_ids(items: list[dict[str, Any]], tokenizer: Any, chat: bool) -> list[dict[str, Any]]:
+    """Fills in the token ids of text items (in the chat template with ``chat``)."""
+    from sssd.models.loading import chat_ids
+
     for it in items:
         if it["ids"] is None:
             if not it["text"]:
@@ -187,8 +196,9 @@ def _print_results(items: list[dict[str, Any]], results: list[Any], stats: dict,
             mal = r.stats.tokens_per_step
             print(f"=== {it['id']} ({len(r.tokens)} tokens, {r.finish_reason}, MAL {mal:.2f})")
             print(r.text)
+    n = stats["requests"]
     print(
-        f"\n{stats['requests']} requests, {stats['tokens']} tokens in {stats['seconds']:.2f} s: "
+        f"\n{n} request{'s' * (n != 1)}, {stats['tokens']} tokens in {stats['seconds']:.2f} s: "
         f"{stats['tokens_per_s']:.1f} tokens/s, {stats['steps']} steps, MAL {stats['mal']:.2f}"
     )
     print(
@@ -206,15 +216,16 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    # Open the datastore first: a missing or corrupt file fails before the model loads (seconds).
+    # Prompts and datastore first: a missing or bad file fails before the model loads (seconds).
     from sssd.datastore.store import Datastore
 
+    items = _read_prompts(args)
     ds = Datastore.open(args.datastore) if args.datastore and args.budget > 0 else None
     model, tokenizer, path = load_model(args.model, args.dtype, args.device)
     if ds is not None:
         ds = open_checked_datastore(ds, tokenizer, model, args.datastore, "sssd generate")
     chat = _use_chat(args, tokenizer)
-    items = _prompt_ids(args, tokenizer, chat)
+    items = _prompt_ids(items, tokenizer, chat)
     prompts = [it["ids"] for it in items]
     engine = _engine(model, tokenizer, ds, args, args.budget)
     print(describe_run(args, engine, path, ds, chat, items), flush=True)
