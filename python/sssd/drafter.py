@@ -83,6 +83,7 @@ class DrafterConfig:
             "step_time",
             "slo_slack",
             "calibration_max_prior_weight",
+            "online_calibration",
         ):
             d.pop(k)
         d["calibrated"] = self.calibration is not None
