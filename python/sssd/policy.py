@@ -36,6 +36,7 @@ from sssd.budget import (
     slo_first,
     truncate_batch,
 )
+from sssd.checks import check_fields
 from sssd.costmodel import CostModel, StepSample
 from sssd.policy_hook import (  # noqa: F401  (re-exported: the hook's types live in sssd.policy_hook)
     AdmitView,
@@ -76,6 +77,7 @@ class BudgetConfig:
     length_samples: int = 8  # finished requests needed before their lengths predict the running ones'
 
     def __post_init__(self) -> None:
+        check_fields(self)  # budget=True or NaN fails here, not later in the engine
         if self.mode not in MODES:
             raise ValueError(f"budget mode must be one of {MODES}, got {self.mode!r}")
         if self.budget < 0:
