@@ -210,6 +210,22 @@ def test_stale_temporaries_of_a_killed_build_are_removed(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["ds.sssd", live.name, other.name])
 
 
+def test_build_datastore_removes_stale_shard_directories(tmp_path):
+    """The sharded writer's temporaries (.<name>.tmp.<pid>.*/ and .<name>.old.<pid>.*/) of dead pids go
+    too; a live pid's stay."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    stale = [tmp_path / f".shards.tmp.{proc.pid}.x1", tmp_path / f".shards.old.{proc.pid}.x2"]
+    for d in stale:
+        d.mkdir()
+        (d / "shard-00000.sssd").write_bytes(b"partial")
+    (tmp_path / ".shards.tmp.1.x3").mkdir()  # pid 1 is alive
+    np.save(tmp_path / "c.npy", np.arange(100, dtype=np.int32) % 7)
+    args = [tmp_path / "c.npy", "-o", tmp_path / "shards", "--vocab-size", "7", "--shard-tokens", "60", "-q"]
+    assert cli.main([str(a) for a in args]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".shards.tmp.1.x3", "c.npy", "shards"]
+
+
 def test_build_datastore_refuses_endless_inputs(tmp_path, capsys, alarm):
     fifo = tmp_path / "pipe.txt"
     os.mkfifo(fifo)
