@@ -41,8 +41,8 @@ class Calibration {
   }
   float apply(int32_t source, int32_t depth, int32_t match_len, float raw) const {
     const float* v = values_.data() + static_cast<size_t>(group(source, depth, match_len)) * num_knots_;
-    // `raw > 0 ? ... : 0` sends NaN to 0 (std::max would keep it, and a NaN knot index is UB).
-    const float t = (raw > 0.0f ? std::min(raw, 1.0f) : 0.0f) * static_cast<float>(num_knots_ - 1);
+    // max(0, raw) (in this order) sends NaN to 0: a NaN knot index would be UB. Still branchless.
+    const float t = std::min(std::max(0.0f, raw), 1.0f) * static_cast<float>(num_knots_ - 1);
     const int32_t k = std::min(static_cast<int32_t>(t), num_knots_ - 2);
     const float a = t - static_cast<float>(k);
     return v[k] + a * (v[k + 1] - v[k]);

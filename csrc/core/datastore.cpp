@@ -162,7 +162,7 @@ class TempFile {
   // in h and rewrites the header. Reads the bytes back through a mapping: they are in the page cache.
   void seal_contents(DatastoreHeader& h) {
     if (std::fflush(f_) != 0) throw std::system_error(errno, std::generic_category(), "write failed on " + path_);
-    const uint64_t end = h.sa_offset + h.num_tokens * h.sa_width;
+    const uint64_t end = content_end(h);
     void* p = mmap(nullptr, static_cast<size_t>(end), PROT_READ, MAP_SHARED, fileno(f_), 0);
     if (p == MAP_FAILED) throw std::system_error(errno, std::generic_category(), "cannot map " + path_);
     madvise(p, static_cast<size_t>(end), MADV_SEQUENTIAL);

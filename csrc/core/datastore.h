@@ -121,4 +121,9 @@ class Datastore {
 // v.owner->check_usable() for views of opened files; nothing for views of memory.
 void check_mapping(const DatastoreView& v);
 
+// Checks that the shards can be searched as one datastore (same vocabulary size; a search index's
+// tables are sized by it) and that every mapped file is still whole (check_mapping). Throws
+// DatastoreError.
+void check_shards(const std::vector<DatastoreView>& shards);
+
 }  // namespace sssd

@@ -16,10 +16,11 @@
 //                       not at open. Files without it (flags 0, fields 0) build the index in memory on
 //                       the first search; readers that predate the flag ignore it (same version 1).
 //
-// Content checksum (flags & kFlagContentChecksum): content_checksum() of the bytes from stream_offset to
-// the end of the suffix array (sections and the padding between them), written by the builder and
-// checked once per opened file, on its first use (search, drafting, document(), verify()), not at open.
-// Files without the flag (older builds) are used unchecked; verify() checks their structure in full.
+// Content checksum (flags & kFlagContentChecksum): content_checksum() of every byte from stream_offset to
+// the stored index (or the end of the file): sections and the padding between them. Written by the
+// builder and checked once per opened file, on its first use (search, drafting, document(), verify()),
+// not at open. Files without the flag (older builds) are used unchecked; verify() checks their
+// structure in full. The header has its checksum and the stored index its own: every byte is covered.
 //
 // Suffix order: suffixes compare up to their document's end (a suffix that ends first sorts first);
 // suffixes equal up to their documents' ends appear in the order of the suffixes one position later
@@ -86,9 +87,12 @@ uint64_t fnv1a64(const void* data, size_t n);
 uint64_t checksum64(const void* data, size_t n);
 uint64_t align_section(uint64_t x);  // rounds up to kSectionAlign
 
-// The checksum of the bytes [stream_offset, sa_offset + num_tokens * sa_width) of a whole file mapped at
-// `file` (header already validated): checksum64 of every 16 MiB block, in parallel, then checksum64 of
-// those block checksums. Memory speed on every core.
+// The end of the bytes the content checksum covers: the stored search index's offset (the index has its
+// own checksum), else the end of the file.
+uint64_t content_end(const DatastoreHeader& h);
+// The checksum of the bytes [stream_offset, content_end(h)) of a whole file mapped at `file` (header
+// already validated): checksum64 of every 16 MiB block, in parallel, then checksum64 of those block
+// checksums. Memory speed on every core.
 uint64_t content_checksum(const unsigned char* file, const DatastoreHeader& h);
 uint32_t token_width_for_vocab(uint64_t vocab_size);  // throws std::invalid_argument past the limit
 

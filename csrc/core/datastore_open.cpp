@@ -103,6 +103,18 @@ void check_mapping(const DatastoreView& v) {
   if (v.owner != nullptr) v.owner->check_usable();
 }
 
+void check_shards(const std::vector<DatastoreView>& views) {
+  for (const DatastoreView& v : views) {
+    if (v.header == nullptr) throw std::invalid_argument("a shard is not an opened datastore");
+    if (v.header->vocab_size != views[0].header->vocab_size) {
+      throw DatastoreError("shards of one datastore must share the vocabulary size: " +
+                           std::to_string(v.header->vocab_size) + " vs " +
+                           std::to_string(views[0].header->vocab_size));
+    }
+    check_mapping(v);
+  }
+}
+
 void Datastore::check_usable() const {
   file_.check_size(path_);
   if (!contents_checked_.load(std::memory_order_acquire)) check_contents();

@@ -188,11 +188,11 @@ template <class O, class ForChildren>
 void select_best_first(const double* f, const int32_t* depth, int32_t cap, int32_t max_depth, int32_t max_width,
                        ForChildren&& for_children, std::vector<int32_t>& seq, std::vector<typename O::Item>& heap,
                        SelectScratch& sc) {
-  // max_depth is at most the deepest node's depth here (the caller clamps it), so `width` stays as small
-  // as the tree; a negative depth is never eligible (it would index before `width`).
-  sc.width.assign(static_cast<size_t>(std::max(max_depth, 0)) + 2, 0);
+  // max_depth is in [0, the deepest node's depth] here (the caller clamps it), so `width` stays as small
+  // as the tree; a negative depth is never eligible (as unsigned it exceeds max_depth).
+  sc.width.assign(static_cast<size_t>(max_depth) + 2, 0);
   heap.clear();
-  auto eligible = [&](int32_t c) { return depth[c] >= 0 && depth[c] <= max_depth; };
+  auto eligible = [&](int32_t c) { return static_cast<uint32_t>(depth[c]) <= static_cast<uint32_t>(max_depth); };
   for_children(0, [&](int32_t c) {
     if (eligible(c)) heap_push<O>(heap, O::item(f[c], c));
   });
@@ -231,6 +231,7 @@ void select_best_first(const double* f, const int32_t* depth, int32_t n, int32_t
     deepest = std::max(deepest, depth[v]);
   }
   max_depth = std::min(max_depth, deepest);  // no node is deeper: same selection, a bounded width table
+  if (max_depth < 0) return;                  // no node is eligible
   if (has_nan) {
     select_best_first<PairOrder>(f, depth, cap, max_depth, max_width, for_children, seq, sc.heap, sc);
   } else {

@@ -387,18 +387,6 @@ struct Indexes {
 
 void set_search_memo(bool on) { search_detail::TrieMemo::enabled().store(on, std::memory_order_relaxed); }
 
-void check_shards(const std::vector<DatastoreView>& views) {
-  for (const DatastoreView& v : views) {
-    if (v.header == nullptr) throw std::invalid_argument("a shard is not an opened datastore");
-    if (v.header->vocab_size != views[0].header->vocab_size) {
-      throw DatastoreError("shards of one datastore must share the vocabulary size: " +
-                           std::to_string(v.header->vocab_size) + " vs " +
-                           std::to_string(views[0].header->vocab_size));
-    }
-    check_mapping(v);
-  }
-}
-
 void search_context(const std::vector<DatastoreView>& views, TokenSpan context, const SearchParams& p,
                     CandidateTrie& out, SearchCache* cache, OutOfVocab oov) {
   const Indexes indexes(views);

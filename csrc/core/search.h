@@ -73,10 +73,6 @@ enum class OutOfVocab { kError, kNoMatch };
 void search_context(const std::vector<DatastoreView>& shards, TokenSpan context, const SearchParams& p,
                     CandidateTrie& out, SearchCache* cache = nullptr, OutOfVocab oov = OutOfVocab::kError);
 
-// Checks that the shards can be searched as one datastore (same vocabulary size; a search index's
-// tables are sized by it) and that every mapped file is still whole (check_mapping). Throws
-// DatastoreError naming the shard.
-void check_shards(const std::vector<DatastoreView>& shards);
 
 // Turns the per-thread memo of short-suffix tries (search_memo.h) on (the default) or off, for
 // every thread; results are the same either way (tests compare them).

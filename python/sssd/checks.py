@@ -22,6 +22,8 @@ def is_int(value: Any) -> bool:
 
 def check_int(value: Any, name: str, *, lo: int | None = None, hi: int | None = None) -> int:
     """``value`` as an int; TypeError unless it is one (bools and floats are not), ValueError out of range."""
+    if type(value) is int and lo is None and hi is None:  # the common case, on every step: no more work
+        return value
     if not is_int(value):
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     v = int(value)
@@ -49,20 +51,22 @@ def check_bool(value: Any, name: str) -> bool:
 def int_array(value: Any, name: str, *, lo: int | None = None, hi: int | None = None) -> np.ndarray:
     """A 1-D array of integers (an int array, or a sequence of ints) as int64; TypeError for floats or
     bools, ValueError for values out of range."""
-    arr = np.asarray(value)
+    arr = np.asarray(value)  # a list of Python ints becomes int64; floats or bools keep their kind
     if arr.size == 0:
         return np.zeros(0, np.int64)
     if arr.ndim != 1:
         raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
-    if arr.dtype == object:
+    kind = arr.dtype.kind
+    if kind == "O":
         for v in arr.tolist():
             check_int(v, f"{name} entries")
         arr = np.asarray(arr.tolist())
-    if not np.issubdtype(arr.dtype, np.integer):
+        kind = arr.dtype.kind
+    if kind not in "iu":  # dtype.kind, not np.issubdtype: this runs on every propose
         raise TypeError(f"{name} must hold ints, got dtype {arr.dtype}")
     if arr.dtype == np.uint64 and int(arr.max()) > np.iinfo(np.int64).max:
         raise ValueError(f"{name} has values past the int64 range")
-    out = arr.astype(np.int64)
+    out = arr if arr.dtype == np.int64 else arr.astype(np.int64)
     if (lo is not None and int(out.min()) < lo) or (hi is not None and int(out.max()) > hi):
         raise ValueError(f"{name} must lie in [{lo}, {hi}]")
     return out

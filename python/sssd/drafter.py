@@ -203,6 +203,8 @@ def is_scalar_budget(budget: Any) -> bool:
 
 def _request_ids(rids: Any) -> np.ndarray:
     """[B] int64 request ids from a sequence or an array of ints (floats and bools are a TypeError)."""
+    if type(rids) is np.ndarray and rids.dtype == np.int64 and rids.ndim == 1:
+        return rids  # the engine's own arrays: nothing to convert or check
     if isinstance(rids, (str, bytes)) or is_scalar_budget(rids):
         raise TypeError(f"rids must be a sequence of ints, got {type(rids).__name__}")
     return int_array(rids if isinstance(rids, np.ndarray) else list(rids), "rids")
