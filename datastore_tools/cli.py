@@ -112,6 +112,13 @@ def make_parser() -> argparse.ArgumentParser:
         help="do not store the search index (about 1 B/token; stored by default from 65,536 tokens per "
         "file); without it each process builds it in memory on its first search",
     )
+    p.add_argument(
+        "--max-tokens",
+        type=_positive,
+        metavar="N",
+        help="memory bound: most tokens one file (or one document) may hold, and most bytes of one text "
+        "document; a larger corpus needs --shard-tokens (default: this machine's RAM / 16 bytes)",
+    )
     p.add_argument("--force", action="store_true", help="replace an existing output")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress display and no summary")
     p.add_argument("--debug", action="store_true", help="show the traceback of an error (or SSSD_DEBUG=1)")
@@ -160,6 +167,7 @@ def _build(args: argparse.Namespace) -> int:
         force=args.force,
         progress=not args.quiet,
         search_index=not args.no_index,
+        max_tokens=args.max_tokens,
     )
     summary = build(config)
     if not args.quiet:

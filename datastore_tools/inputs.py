@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import json
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,6 +78,19 @@ def tokens_sibling(path: Path) -> Path:
     return path.with_name(stem + OFFSETS_SUFFIX)
 
 
+def _kind_of(p: Path) -> str:
+    mode = p.stat().st_mode
+    for test, name in (
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a file"
+
+
 def detect_inputs(paths: list[str], options: ReadOptions) -> list[Input]:
     """One Input per path, in the order given.
 
@@ -91,6 +105,10 @@ def detect_inputs(paths: list[str], options: ReadOptions) -> list[Input]:
     for p in given:
         if not p.exists():
             raise FileNotFoundError(f"input not found: {p}")
+        if not p.is_dir() and not p.is_file():
+            # A character device (/dev/zero), a FIFO or a socket never ends, or ends when another
+            # process says so: reading it would grow without bound.
+            raise InputError(f"{p} is not a regular file or a directory ({_kind_of(p)}); give files")
         if p.is_dir():
             out.append(Input(p, InputKind.DIRECTORY))
         elif p.name.endswith(OFFSETS_SUFFIX):

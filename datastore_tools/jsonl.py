@@ -15,11 +15,24 @@ from datastore_tools.stats import ReadStats
 PAIR_CHOICES = ("output", "prompt", "both", "concat")
 
 
-def iter_records(path: Path, stats: ReadStats) -> Iterator[tuple[int, dict[str, Any]]]:
+def _lines(f: Any, path: Path, max_bytes: int | None) -> Iterator[tuple[int, bytes]]:
+    """(1-based line number, line); a line longer than max_bytes is an InputError before it is read whole."""
+    limit = -1 if max_bytes is None else max_bytes + 1
+    line_no = 0
+    while line := f.readline(limit):
+        line_no += 1
+        if max_bytes is not None and len(line) > max_bytes:
+            raise InputError(f"{path}:{line_no}: line longer than {max_bytes} bytes (--max-tokens)")
+        yield line_no, line
+
+
+def iter_records(
+    path: Path, stats: ReadStats, max_bytes: int | None = None
+) -> Iterator[tuple[int, dict[str, Any]]]:
     """(1-based line number, record) for every non-blank line; a bad line is an InputError naming it."""
     stats.files += 1
     with open(path, "rb") as f:
-        for line_no, line in enumerate(f, 1):
+        for line_no, line in _lines(f, path, max_bytes):
             stats.input_bytes += len(line)
             if not line.strip():
                 continue
@@ -38,8 +51,10 @@ def _field(path: Path, line_no: int, record: dict[str, Any], name: str) -> Any:
     return record[name]
 
 
-def read_text_records(path: Path, field: str, stats: ReadStats) -> Iterator[str]:
-    for line_no, record in iter_records(path, stats):
+def read_text_records(
+    path: Path, field: str, stats: ReadStats, max_bytes: int | None = None
+) -> Iterator[str]:
+    for line_no, record in iter_records(path, stats, max_bytes):
         text = _field(path, line_no, record, field)
         if not isinstance(text, str):
             raise InputError(f"{path}:{line_no}: field {field!r} must be a string, got {type(text).__name__}")
@@ -47,10 +62,13 @@ def read_text_records(path: Path, field: str, stats: ReadStats) -> Iterator[str]
 
 
 def read_chat_records(
-    path: Path, render: Callable[[list[dict[str, Any]]], str], stats: ReadStats
+    path: Path,
+    render: Callable[[list[dict[str, Any]]], str],
+    stats: ReadStats,
+    max_bytes: int | None = None,
 ) -> Iterator[str]:
     """Each record's ``messages`` (a list of {"role", "content"}) rendered as one text by ``render``."""
-    for line_no, record in iter_records(path, stats):
+    for line_no, record in iter_records(path, stats, max_bytes):
         messages = _field(path, line_no, record, "messages")
         if not isinstance(messages, list) or not all(
             isinstance(m, dict) and "role" in m and "content" in m for m in messages
@@ -82,7 +100,9 @@ def _ids(path: Path, line_no: int, record: dict[str, Any], name: str, vocab_size
     return ids
 
 
-def read_pair_records(path: Path, which: str, vocab_size: int, stats: ReadStats) -> Iterator[np.ndarray]:
+def read_pair_records(
+    path: Path, which: str, vocab_size: int, stats: ReadStats, max_bytes: int | None = None
+) -> Iterator[np.ndarray]:
     """Token documents from (prompt_ids, output_ids) records.
 
     which: "output" (default: the model's outputs are what a drafter should predict), "prompt", "both"
@@ -90,7 +110,7 @@ def read_pair_records(path: Path, which: str, vocab_size: int, stats: ReadStats)
     """
     if which not in PAIR_CHOICES:
         raise ValueError(f"pair ids must be one of {', '.join(PAIR_CHOICES)}, got {which!r}")
-    for line_no, record in iter_records(path, stats):
+    for line_no, record in iter_records(path, stats, max_bytes):
         if which in ("prompt", "both", "concat"):
             prompt = _ids(path, line_no, record, "prompt_ids", vocab_size)
         if which in ("output", "both", "concat"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -34,6 +35,21 @@ class BuildConfig:
     force: bool = False  # replace an existing output
     progress: bool = True  # progress display on stderr
     search_index: bool = True  # store the search index in each file (from 65,536 tokens per file)
+    max_tokens: int | None = None  # memory bound: tokens one file may hold (None: from this machine's RAM)
+
+
+# What building one file holds in memory per token, at most: the token stream (2-4 B), the suffix array
+# (4-8 B) and the suffix sort's workspace (~1.5 B), with room to spare.
+BUILD_BYTES_PER_TOKEN = 16
+
+
+def default_max_tokens() -> int:
+    """The largest file this machine can build in memory: physical RAM / BUILD_BYTES_PER_TOKEN."""
+    try:
+        ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        ram = 16 << 30
+    return max(ram // BUILD_BYTES_PER_TOKEN, 1)
 
 
 def _recorded_vocabulary(inputs: list[Input]) -> tuple[int, str] | None:
@@ -71,19 +87,21 @@ def _vocabulary(config: BuildConfig, inputs: list[Input]) -> tuple[Any, int, str
 
 
 def _read(
-    inp: Input, config: BuildConfig, tok: Any, vocab: int, stats: ReadStats
+    inp: Input, config: BuildConfig, tok: Any, vocab: int, stats: ReadStats, max_bytes: int
 ) -> Iterable[str | np.ndarray]:
+    """The documents of one input; a text document (file or JSONL line) of more than max_bytes bytes
+    is refused before it is read whole."""
     opts = config.read
     if inp.kind is InputKind.JSONL_TEXT:
-        return jsonl.read_text_records(inp.path, opts.text_field, stats)
+        return jsonl.read_text_records(inp.path, opts.text_field, stats, max_bytes)
     if inp.kind is InputKind.JSONL_CHAT:
-        return jsonl.read_chat_records(inp.path, chat_renderer(tok), stats)
+        return jsonl.read_chat_records(inp.path, chat_renderer(tok), stats, max_bytes)
     if inp.kind is InputKind.JSONL_PAIRS:
-        return jsonl.read_pair_records(inp.path, opts.pair_ids, vocab, stats)
+        return jsonl.read_pair_records(inp.path, opts.pair_ids, vocab, stats, max_bytes)
     if inp.kind is InputKind.TEXT_FILE:
-        return [text_files.read_text_file(inp.path, stats)]
+        return [text_files.read_text_file(inp.path, stats, max_bytes)]
     if inp.kind is InputKind.DIRECTORY:
-        return text_files.read_directory(inp.path, opts.globs, opts.excludes, stats)
+        return text_files.read_directory(inp.path, opts.globs, opts.excludes, stats, max_bytes)
     if inp.kind is InputKind.NPY:
         return token_arrays.read_npy(inp.path, vocab, stats)
     if inp.kind is InputKind.NPZ:
@@ -91,12 +109,28 @@ def _read(
     raise AssertionError(f"unhandled input kind {inp.kind}")
 
 
-def _counted(docs: Iterator[np.ndarray], stats: ReadStats, progress: Progress) -> Iterator[np.ndarray]:
-    """Drops empty documents and keeps the document/token counts for the summary and progress line."""
+def _counted(
+    docs: Iterator[np.ndarray], stats: ReadStats, progress: Progress, max_tokens: int, single: bool
+) -> Iterator[np.ndarray]:
+    """Drops empty documents and keeps the document/token counts for the summary and progress line.
+
+    Bounds memory: a single file holds at most max_tokens tokens, and so does any one document (a
+    shard never splits one)."""
     for doc in docs:
         if doc.size == 0:
             stats.skipped_empty += 1
             continue
+        if doc.size > max_tokens:
+            raise InputError(
+                f"document {stats.documents} has {doc.size} tokens, more than --max-tokens {max_tokens} "
+                f"(the tokens one file may hold in memory, ~{BUILD_BYTES_PER_TOKEN} B each); split it"
+            )
+        if single and stats.tokens + int(doc.size) > max_tokens:
+            raise InputError(
+                f"the corpus has more than --max-tokens {max_tokens} tokens, more than one file can be "
+                f"built in memory here (~{BUILD_BYTES_PER_TOKEN} B per token): write a directory of shards "
+                "with --shard-tokens N, or raise --max-tokens on a machine with more memory"
+            )
         stats.documents += 1
         stats.tokens += int(doc.size)
         progress.reading(stats)
@@ -124,6 +158,11 @@ def build(config: BuildConfig) -> BuildSummary:
     (InputError / ValueError, FileNotFoundError, ...) before anything appears at config.output."""
     t0 = time.perf_counter()
     out = config.output
+    max_tokens = default_max_tokens() if config.max_tokens is None else config.max_tokens
+    if max_tokens < 1:
+        raise ValueError(f"--max-tokens must be >= 1, got {max_tokens}")
+    if config.shard_tokens is not None and config.shard_tokens > max_tokens:
+        raise ValueError(f"--shard-tokens {config.shard_tokens} exceeds --max-tokens {max_tokens}")
     check_destination(out, sharded=config.shard_tokens is not None, force=config.force)
     inputs = detect_inputs(list(config.inputs), config.read)
     t_setup = time.perf_counter()
@@ -135,9 +174,15 @@ def build(config: BuildConfig) -> BuildSummary:
 
     def items() -> Iterator[str | np.ndarray]:
         for inp in inputs:
-            yield from _read(inp, config, tok, vocab, stats)
+            yield from _read(inp, config, tok, vocab, stats, max_tokens)  # ~1 token per byte at most
 
-    docs = _counted(tokenize_stream(items(), encode, stats, batch_docs=config.batch_docs), stats, progress)
+    docs = _counted(
+        tokenize_stream(items(), encode, stats, batch_docs=config.batch_docs),
+        stats,
+        progress,
+        max_tokens,
+        single=config.shard_tokens is None,
+    )
     try:
         if config.shard_tokens is None:
             paths = write_single(

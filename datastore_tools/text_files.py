@@ -57,9 +57,19 @@ def _raise(err: OSError) -> None:
     raise err
 
 
-def read_text_file(path: Path, stats: ReadStats) -> str:
+def _read_bounded(path: Path, max_bytes: int | None) -> bytes:
+    """The file's bytes; InputError, before reading, when it is larger than max_bytes."""
+    if max_bytes is not None and path.stat().st_size > max_bytes:
+        raise InputError(
+            f"{path} is {path.stat().st_size} bytes, more than one document may be ({max_bytes}, "
+            "--max-tokens): split it into several files"
+        )
+    return path.read_bytes()
+
+
+def read_text_file(path: Path, stats: ReadStats, max_bytes: int | None = None) -> str:
     """The whole file as one document; a binary or non-UTF-8 file named on the command line is an error."""
-    data = path.read_bytes()
+    data = _read_bounded(path, max_bytes)
     stats.files += 1
     stats.input_bytes += len(data)
     text = decode_text(data)
@@ -69,13 +79,17 @@ def read_text_file(path: Path, stats: ReadStats) -> str:
 
 
 def read_directory(
-    root: Path, globs: tuple[str, ...], excludes: tuple[str, ...], stats: ReadStats
+    root: Path,
+    globs: tuple[str, ...],
+    excludes: tuple[str, ...],
+    stats: ReadStats,
+    max_bytes: int | None = None,
 ) -> Iterator[str]:
     """One document per matching UTF-8 file below root; binary or undecodable files are counted, skipped."""
     found = False
     for path in iter_tree(root, globs, excludes):
         found = True
-        data = path.read_bytes()
+        data = _read_bounded(path, max_bytes)
         stats.files += 1
         stats.input_bytes += len(data)
         text = decode_text(data)

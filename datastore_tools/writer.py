@@ -14,6 +14,45 @@ from sssd.datastore.store import SHARD_SUFFIX, build_datastore
 Phase = Callable[[str, int, int], None]
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def temp_prefix(out: Path) -> str:
+    """Temporaries of a build of ``out`` are ``.<name>.tmp.<pid>.<...>`` (and ``.old.`` for a replaced
+    directory) next to it: hidden, and recognisable by the building process's pid."""
+    return f".{out.name}.tmp.{os.getpid()}."
+
+
+def remove_stale_temporaries(out: Path) -> list[Path]:
+    """Removes what killed builds of ``out`` left next to it (a SIGKILL runs no cleanup): temporary
+    files and directories ``.<name>.tmp.<pid>.*`` / ``.<name>.old.<pid>.*`` whose pid is not a live
+    process. Files of a live pid (a concurrent build) stay. Returns the removed paths."""
+    removed = []
+    for kind in ("tmp", "old"):
+        stem = f".{out.name}.{kind}."
+        for p in out.parent.glob(f"{glob_escape(stem)}*"):
+            pid_text = p.name[len(stem) :].split(".", 1)[0]
+            if not pid_text.isdigit() or int(pid_text) == os.getpid() or _pid_alive(int(pid_text)):
+                continue
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+            removed.append(p)
+    return removed
+
+
+def glob_escape(text: str) -> str:
+    return "".join(f"[{c}]" if c in "*?[" else c for c in text)
+
+
 def shard_name(k: int) -> str:
     return f"shard-{k:05d}{SHARD_SUFFIX}"
 
@@ -50,6 +89,7 @@ def write_single(
     search_index: bool = True,
 ) -> list[Path]:
     """One file; sssd.build_datastore writes a temporary file next to it and renames it at the end."""
+    remove_stale_temporaries(out)
     build_datastore(
         docs,
         out,
@@ -109,7 +149,8 @@ def write_shards(
     """
     if max_tokens < 1:
         raise ValueError(f"--shard-tokens must be >= 1, got {max_tokens}")
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    remove_stale_temporaries(out)
+    tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(out), dir=out.parent))
     try:
         splitter = _ShardSplitter(docs, max_tokens)
         names: list[str] = []
@@ -138,7 +179,7 @@ def _replace_dir(new: Path, out: Path) -> None:
     if not out.exists():
         os.rename(new, out)
         return
-    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old.{os.getpid()}.", dir=out.parent))
     os.rename(out, old / out.name)
     try:
         os.rename(new, out)

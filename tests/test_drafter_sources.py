@@ -122,10 +122,16 @@ def test_datastore_source_and_vocab(tmp_path):
     b = d.propose([0], budget=10)
     assert sorted(paths(b), key=len)[:2] in ([[4], [9]], [[9], [4]])
     assert set(b.source[1:].tolist()) == {1}
+    # The datastore's vocabulary does not limit the drafter's (the model's may be larger): ids past it
+    # never match there. The config's vocab_size (the model's) is the limit.
+    d.add_request(1, [25])
+    assert d.propose([1], budget=10).num_draft_nodes == 0
+    limited = sssd.Drafter(ds, sssd.DrafterConfig(use_input=False, use_pool=False, vocab_size=20))
     with pytest.raises(ValueError, match="vocabulary"):
-        d.add_request(1, [25])
+        limited.add_request(1, [25])
+    limited.add_request(0, [8, 2, 3])
     with pytest.raises(ValueError, match="vocabulary"):
-        d.extend(0, [20])
+        limited.extend(0, [20])
     with pytest.raises(TypeError):
         sssd.Drafter(datastore="not a datastore")
 

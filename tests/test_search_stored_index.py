@@ -25,9 +25,10 @@ CFG = SearchConfig(max_query_len=12, min_query_len=1, min_occurrences=4, max_sam
 
 
 def index_fields(path) -> tuple[int, int, int, int]:
+    """(search-index flag, index_offset, index_bytes, index_checksum) of a file's header."""
     raw = path.read_bytes()[:256]
     (flags,) = struct.unpack_from("<I", raw, FLAGS_AT)
-    return (flags, *struct.unpack_from("<QQQ", raw, INDEX_AT))
+    return (flags & 1, *struct.unpack_from("<QQQ", raw, INDEX_AT))  # the search-index flag only
 
 
 def tries(path, contexts, cfg=CFG) -> list:

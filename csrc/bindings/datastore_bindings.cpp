@@ -9,6 +9,12 @@ namespace sssd_py {
 
 namespace {
 
+// A path for the C library: an embedded NUL would silently name another file.
+void check_path(const std::string& path) {
+  if (path.find('\0') != std::string::npos) throw py::value_error("path contains a NUL character");
+  if (path.empty()) throw py::value_error("path is empty");
+}
+
 template <class T>
 void add_typed(sssd::DatastoreBuilder& b, const py::array& tokens, const int64_t* offsets, int64_t docs) {
   const T* data = static_cast<const T*>(tokens.data());
@@ -17,16 +23,14 @@ void add_typed(sssd::DatastoreBuilder& b, const py::array& tokens, const int64_t
   b.add_documents(data, n, offsets, docs);
 }
 
-void builder_add(sssd::DatastoreBuilder& b, const py::array& tokens, const py::array& offsets) {
+void builder_add(sssd::DatastoreBuilder& b, py::handle tokens_h, py::handle offsets_h) {
+  const py::array tokens = array_arg(tokens_h, "tokens");
   if (tokens.ndim() != 1 || !(tokens.flags() & py::array::c_style)) {
     throw py::value_error("tokens must be a 1-D C-contiguous array");
   }
-  if (!offsets.dtype().is(py::dtype::of<int64_t>()) || offsets.ndim() != 1 ||
-      !(offsets.flags() & py::array::c_style) || offsets.shape(0) < 1) {
-    throw py::type_error("offsets must be a non-empty 1-D C-contiguous int64 array");
-  }
-  const auto* off = static_cast<const int64_t*>(offsets.data());
-  const auto docs = static_cast<int64_t>(offsets.shape(0)) - 1;
+  const int64_t* off = typed<int64_t>(offsets_h, "offsets");
+  if (length(offsets_h) < 1) throw py::value_error("offsets must have num_documents + 1 >= 1 entries");
+  const auto docs = static_cast<int64_t>(length(offsets_h)) - 1;
   const py::dtype dt = tokens.dtype();
   if (dt.is(py::dtype::of<int32_t>())) return add_typed<int32_t>(b, tokens, off, docs);
   if (dt.is(py::dtype::of<int64_t>())) return add_typed<int64_t>(b, tokens, off, docs);
@@ -66,14 +70,26 @@ py::tuple flatten(const std::vector<sssd::CandidateTrie>& tries) {
   return py::make_tuple(tokens, parents, counts, depth, match_len, offsets);
 }
 
-py::tuple search(const std::vector<const sssd::Datastore*>& shards, const py::sequence& contexts,
-                 const sssd::SearchParams& params) {
-  sssd::validate_search_params(params);
+// The shards of a search: `shards` is held (shared) for the call, so that no other thread dropping the
+// Python objects meanwhile can unmap a file under the search.
+std::vector<sssd::DatastoreView> views_of(const std::vector<std::shared_ptr<sssd::Datastore>>& shards) {
   std::vector<sssd::DatastoreView> views;
-  for (const auto* s : shards) {
-    if (s == nullptr) throw py::type_error("shards must be Datastore objects");
+  for (const auto& s : shards) {
+    if (s == nullptr) throw py::type_error("shards must be Datastore objects, not None");
     views.push_back(s->view());
   }
+  return views;
+}
+
+py::tuple search(const std::vector<std::shared_ptr<sssd::Datastore>>& shards, py::handle contexts_h,
+                 const sssd::SearchParams& params) {
+  sssd::validate_search_params(params);
+  const std::vector<sssd::DatastoreView> views = views_of(shards);
+  if (!PySequence_Check(contexts_h.ptr()) || PyUnicode_Check(contexts_h.ptr()) || PyBytes_Check(contexts_h.ptr())) {
+    throw py::type_error("contexts must be a sequence of int32 arrays, got " + type_name(contexts_h));
+  }
+  // Held in a list: the spans point into these arrays while the GIL is released.
+  const py::list contexts(py::reinterpret_borrow<py::object>(contexts_h));
   std::vector<sssd::TokenSpan> spans;
   spans.reserve(contexts.size());
   for (size_t i = 0; i < contexts.size(); ++i) {
@@ -91,9 +107,11 @@ py::tuple search(const std::vector<const sssd::Datastore*>& shards, const py::se
 
 void bind_datastore(py::module_& m) {
   py::class_<sssd::SearchParams>(m, "SearchParams")
-      .def(py::init([](int32_t max_query_len, int32_t min_query_len, int64_t min_occurrences,
-                       int32_t max_samples, int32_t max_depth) {
-             sssd::SearchParams p{max_query_len, min_query_len, min_occurrences, max_samples, max_depth};
+      .def(py::init([](py::handle max_query_len, py::handle min_query_len, py::handle min_occurrences,
+                       py::handle max_samples, py::handle max_depth) {
+             sssd::SearchParams p{int32_arg(max_query_len, "max_query_len"), int32_arg(min_query_len, "min_query_len"),
+                                  int_arg(min_occurrences, "min_occurrences"), int32_arg(max_samples, "max_samples"),
+                                  int32_arg(max_depth, "max_depth")};
              sssd::validate_search_params(p);
              return p;
            }),
@@ -101,27 +119,39 @@ void bind_datastore(py::module_& m) {
            py::arg("max_samples"), py::arg("max_depth"));
 
   py::class_<sssd::DatastoreBuilder>(m, "Builder")
-      .def(py::init<uint64_t, std::string, bool>(), py::arg("vocab_size"), py::arg("fingerprint"),
-           py::arg("force_sa64") = false)
+      .def(py::init([](py::handle vocab_size, const std::string& fingerprint, py::handle force_sa64) {
+             return new sssd::DatastoreBuilder(static_cast<uint64_t>(int_arg(vocab_size, "vocab_size", 1, sssd::kMaxVocab)),
+                                               fingerprint, bool_arg(force_sa64, "force_sa64"));
+           }),
+           py::arg("vocab_size"), py::arg("fingerprint"), py::arg("force_sa64") = false)
       .def("add", &builder_add, py::arg("tokens"), py::arg("offsets"),
            "Append documents tokens[offsets[k]:offsets[k+1]].")
-      .def("set_search_index", &sssd::DatastoreBuilder::set_search_index, py::arg("stride"), py::arg("min_tokens"),
-           "Store a search index of this stride (0: none) when the corpus has at least min_tokens tokens.")
+      .def(
+          "set_search_index",
+          [](sssd::DatastoreBuilder& b, py::handle stride, py::handle min_tokens) {
+            b.set_search_index(static_cast<uint64_t>(int_arg(stride, "stride", 0)),
+                               static_cast<uint64_t>(int_arg(min_tokens, "min_tokens", 0)));
+          },
+          py::arg("stride"), py::arg("min_tokens"),
+          "Store a search index of this stride (0: none) when the corpus has at least min_tokens tokens.")
       .def_property_readonly("num_tokens", &sssd::DatastoreBuilder::num_tokens)
       .def_property_readonly("num_documents", &sssd::DatastoreBuilder::num_documents)
       .def(
           "finish",
           [](sssd::DatastoreBuilder& b, const std::string& path, py::object progress) {
-            auto fn = progress_fn(std::move(progress));
+            check_path(path);
+            auto fn = progress_fn(progress_arg(std::move(progress)));
             py::gil_scoped_release release;
             b.finish(path, fn);
           },
           py::arg("path"), py::arg("progress") = py::none());
 
-  py::class_<sssd::Datastore>(m, "Datastore")
+  // Held by shared_ptr: a drafter keeps the files it searches mapped (Drafter's owners).
+  py::class_<sssd::Datastore, std::shared_ptr<sssd::Datastore>>(m, "Datastore")
       .def(py::init([](const std::string& path) {
+             check_path(path);
              py::gil_scoped_release release;
-             return new sssd::Datastore(path);
+             return std::make_shared<sssd::Datastore>(path);
            }),
            py::arg("path"))
       .def_property_readonly("path", &sssd::Datastore::path)
@@ -143,16 +173,21 @@ void bind_datastore(py::module_& m) {
                              })
       .def(
           "document",
-          [](const sssd::Datastore& d, uint64_t k) {
+          [](const sssd::Datastore& d, py::handle k) {
+            const int64_t i = int_arg(k, "k");
+            if (i < 0 || static_cast<uint64_t>(i) >= d.header().num_documents) {
+              throw py::index_error("document " + std::to_string(i) + " out of range [0, " +
+                                    std::to_string(d.header().num_documents) + ")");
+            }
             std::vector<int32_t> out;
-            d.document(k, out);
+            d.document(static_cast<uint64_t>(i), out);
             return to_numpy(out);
           },
           py::arg("k"))
       .def(
           "verify",
           [](const sssd::Datastore& d, py::object progress) {
-            auto fn = progress_fn(std::move(progress));
+            auto fn = progress_fn(progress_arg(std::move(progress)));
             py::gil_scoped_release release;
             d.verify(fn);
           },

@@ -3,6 +3,9 @@
 #include <cmath>
 #include <cstring>
 
+#include <set>
+#include <string>
+
 #include "bindings/common.h"
 #include "core/drafter.h"
 
@@ -11,77 +14,89 @@ namespace sssd_py {
 namespace {
 
 template <class T>
-const T* typed(const py::array& a, const std::string& what, py::ssize_t n = -1) {
-  if (!a.dtype().is(py::dtype::of<T>())) {
-    throw py::type_error(what + " must have dtype " + std::string(py::str(py::dtype::of<T>())) + ", got " +
-                         std::string(py::str(a.dtype())));
-  }
-  if (a.ndim() != 1 || !(a.flags() & py::array::c_style)) throw py::value_error(what + " must be a 1-D C-contiguous array");
-  if (n >= 0 && a.shape(0) != n) {
-    throw py::value_error(what + " has " + std::to_string(a.shape(0)) + " entries, expected " + std::to_string(n));
-  }
-  return static_cast<const T*>(a.data());
-}
-
-template <class T>
 py::array_t<T> to_numpy(const std::vector<T>& v) {
   py::array_t<T> a(static_cast<py::ssize_t>(v.size()));
   if (!v.empty()) std::memcpy(a.mutable_data(), v.data(), v.size() * sizeof(T));
   return a;
 }
 
-template <class T>
-T get(const py::dict& d, const char* key, T fallback) {
-  return d.contains(key) ? d[key].cast<T>() : fallback;
-}
+// Strict reads of the params dict (DrafterConfig.native()): every key must be known, ints are ints
+// (not bools or floats), flags are bools, reals are finite. A missing key keeps the default.
+class ParamReader {
+ public:
+  explicit ParamReader(const py::dict& d) : d_(d) {}
+  int32_t i32(const char* key, int32_t fallback) { return has(key) ? int32_arg(d_[key], key) : fallback; }
+  int64_t i64(const char* key, int64_t fallback) { return has(key) ? int_arg(d_[key], key) : fallback; }
+  bool flag(const char* key, bool fallback) { return has(key) ? bool_arg(d_[key], key) : fallback; }
+  double real(const char* key, double fallback) { return has(key) ? real_arg(d_[key], key) : fallback; }
+  // Raises for keys no read asked for (a typo would otherwise be ignored).
+  void check_all_used() const {
+    for (const auto& item : d_) {
+      if (!py::isinstance<py::str>(item.first)) throw py::type_error("drafter params keys must be str");
+      const std::string k = py::str(item.first);
+      if (!used_.count(k)) throw py::value_error("unknown drafter parameter " + k);
+    }
+  }
 
-sssd::MatchParams match_params(const py::dict& d, const std::string& prefix) {
+ private:
+  bool has(const char* key) {
+    used_.insert(key);
+    return d_.contains(key);
+  }
+  const py::dict& d_;
+  std::set<std::string> used_;
+};
+
+sssd::MatchParams match_params(ParamReader& r, const std::string& prefix) {
   sssd::MatchParams m;
-  m.max_match = get<int32_t>(d, (prefix + "max_match").c_str(), m.max_match);
-  m.min_n = get<int32_t>(d, (prefix + "min_n").c_str(), m.min_n);
-  m.min_occurrences = get<int32_t>(d, (prefix + "min_occurrences").c_str(), m.min_occurrences);
-  m.max_samples = get<int32_t>(d, (prefix + "max_samples").c_str(), m.max_samples);
-  m.max_chain = get<int32_t>(d, (prefix + "max_chain").c_str(), m.max_chain);
+  m.max_match = r.i32((prefix + "max_match").c_str(), m.max_match);
+  m.min_n = r.i32((prefix + "min_n").c_str(), m.min_n);
+  m.min_occurrences = r.i32((prefix + "min_occurrences").c_str(), m.min_occurrences);
+  m.max_samples = r.i32((prefix + "max_samples").c_str(), m.max_samples);
+  m.max_chain = r.i32((prefix + "max_chain").c_str(), m.max_chain);
   return m;
 }
 
 sssd::DrafterParams drafter_params(const py::dict& d) {
+  ParamReader r(d);
   sssd::DrafterParams p;
-  p.use_input = get<bool>(d, "use_input", p.use_input);
-  p.use_datastore = get<bool>(d, "use_datastore", p.use_datastore);
-  p.use_pool = get<bool>(d, "use_pool", p.use_pool);
-  p.index_max_n = get<int32_t>(d, "index_max_n", p.index_max_n);
-  p.input = match_params(d, "input_");
-  p.pool = match_params(d, "pool_");
-  p.search.max_query_len = get<int32_t>(d, "ds_max_query_len", p.search.max_query_len);
-  p.search.min_query_len = get<int32_t>(d, "ds_min_query_len", p.search.min_query_len);
-  p.search.min_occurrences = get<int64_t>(d, "ds_min_occurrences", p.search.min_occurrences);
-  p.search.max_samples = get<int32_t>(d, "ds_max_samples", p.search.max_samples);
-  p.fusion.alpha = get<float>(d, "alpha", p.fusion.alpha);
-  p.fusion.noisy_or = get<bool>(d, "noisy_or", p.fusion.noisy_or);
-  p.calibrated = get<bool>(d, "calibrated", p.calibrated);
-  p.online = get<bool>(d, "online", p.online);
-  p.max_depth = get<int32_t>(d, "max_depth", p.max_depth);
-  p.max_width = get<int32_t>(d, "max_width", p.max_width);
-  p.max_tree_nodes = get<int32_t>(d, "max_tree_nodes", p.max_tree_nodes);
-  p.ds_max_depth = get<int32_t>(d, "ds_max_depth", p.ds_max_depth);
-  p.fusion.min_f = get<double>(d, "min_f", p.fusion.min_f);
-  p.pool_max_tokens = get<int64_t>(d, "pool_max_tokens", p.pool_max_tokens);
-  p.vocab_size = get<uint64_t>(d, "vocab_size", p.vocab_size);
+  p.use_input = r.flag("use_input", p.use_input);
+  p.use_datastore = r.flag("use_datastore", p.use_datastore);
+  p.use_pool = r.flag("use_pool", p.use_pool);
+  p.index_max_n = r.i32("index_max_n", p.index_max_n);
+  p.input = match_params(r, "input_");
+  p.pool = match_params(r, "pool_");
+  p.search.max_query_len = r.i32("ds_max_query_len", p.search.max_query_len);
+  p.search.min_query_len = r.i32("ds_min_query_len", p.search.min_query_len);
+  p.search.min_occurrences = r.i64("ds_min_occurrences", p.search.min_occurrences);
+  p.search.max_samples = r.i32("ds_max_samples", p.search.max_samples);
+  p.fusion.alpha = static_cast<float>(r.real("alpha", p.fusion.alpha));
+  p.fusion.noisy_or = r.flag("noisy_or", p.fusion.noisy_or);
+  p.calibrated = r.flag("calibrated", p.calibrated);
+  p.online = r.flag("online", p.online);
+  p.max_depth = r.i32("max_depth", p.max_depth);
+  p.max_width = r.i32("max_width", p.max_width);
+  p.max_tree_nodes = r.i32("max_tree_nodes", p.max_tree_nodes);
+  p.ds_max_depth = r.i32("ds_max_depth", p.ds_max_depth);
+  p.fusion.min_f = r.real("min_f", p.fusion.min_f);
+  p.pool_max_tokens = r.i64("pool_max_tokens", p.pool_max_tokens);
+  const int64_t vocab = r.i64("vocab_size", static_cast<int64_t>(p.vocab_size));
+  if (vocab < 0 || static_cast<uint64_t>(vocab) > sssd::kMaxVocab) {
+    throw py::value_error("vocab_size must be in [0, 2^31], got " + std::to_string(vocab));
+  }
+  p.vocab_size = static_cast<uint64_t>(vocab);
+  r.check_all_used();
   return p;
 }
 
-py::dict propose(sssd::Drafter& dr, const py::array& rids, const py::array& budgets, bool per_request,
-                 const py::object& tpot, double step_time, double slack) {
-  const auto b = rids.shape(0);
+py::dict propose(sssd::Drafter& dr, py::handle rids, py::handle budgets, py::handle per_request_h, py::handle tpot,
+                 py::handle step_time_h, py::handle slack_h) {
   const int64_t* r = typed<int64_t>(rids, "rids");
+  const auto b = length(rids);
+  const bool per_request = bool_arg(per_request_h, "per_request");
   const int64_t* bud = typed<int64_t>(budgets, "budgets", per_request ? b : 1);
-  const double* t = nullptr;
-  py::array tp;
-  if (!tpot.is_none()) {
-    tp = tpot.cast<py::array>();
-    t = typed<double>(tp, "slo", b);
-  }
+  const double step_time = real_arg(step_time_h, "step_time"), slack = real_arg(slack_h, "slack");
+  const double* t = tpot.is_none() ? nullptr : typed<double>(tpot, "slo", b);  // NaN / <= 0: no target
   sssd::ProposeOutput o;
   {
     py::gil_scoped_release release;
@@ -104,23 +119,31 @@ py::dict propose(sssd::Drafter& dr, const py::array& rids, const py::array& budg
   return out;
 }
 
-int64_t observe(sssd::Drafter& dr, const py::array& rids, const py::dict& a, const py::array& accepted) {
-  const auto b = rids.shape(0);
+int64_t observe(sssd::Drafter& dr, py::handle rids, const py::dict& a, py::handle accepted) {
   const int64_t* r = typed<int64_t>(rids, "rids");
-  const int64_t* off = typed<int64_t>(a["offsets"].cast<py::array>(), "offsets", b + 1);
-  const auto n = off[b];
-  const int32_t* tok = typed<int32_t>(a["tokens"].cast<py::array>(), "tokens", n);
-  const int32_t* par = typed<int32_t>(a["parents"].cast<py::array>(), "parents", n);
-  const int8_t* src = typed<int8_t>(a["source"].cast<py::array>(), "source", n);
-  const int32_t* dep = typed<int32_t>(a["depth"].cast<py::array>(), "depth", n);
-  const int32_t* ml = typed<int32_t>(a["match_len"].cast<py::array>(), "match_len", n);
-  const float* raw = typed<float>(a["raw_score"].cast<py::array>(), "raw_score", n);
-  const int64_t* ctx = typed<int64_t>(a["context_len"].cast<py::array>(), "context_len", b);
+  const auto b = length(rids);
+  auto field = [&](const char* key) {
+    if (!a.contains(key)) throw py::value_error(std::string("the batch has no '") + key + "' array");
+    return py::handle(a[key]);
+  };
+  const int64_t* off = typed<int64_t>(field("offsets"), "offsets", b + 1);
+  const int64_t n = off[b];
+  if (n < 0) throw py::value_error("offsets must end at the number of nodes, got " + std::to_string(n));
+  const int32_t* tok = typed<int32_t>(field("tokens"), "tokens", n);
+  const int32_t* par = typed<int32_t>(field("parents"), "parents", n);
+  const int8_t* src = typed<int8_t>(field("source"), "source", n);
+  const int32_t* dep = typed<int32_t>(field("depth"), "depth", n);
+  const int32_t* ml = typed<int32_t>(field("match_len"), "match_len", n);
+  const float* raw = typed<float>(field("raw_score"), "raw_score", n);
+  const int64_t* ctx = typed<int64_t>(field("context_len"), "context_len", b);
   const int64_t* acc = typed<int64_t>(accepted, "accepted_counts", b);
+  check_finite(raw, n, "raw_score");
   std::vector<sssd::TreeView> trees;
   for (py::ssize_t i = 0; i < b; ++i) {
     const int64_t s = off[i], e = off[i + 1];
-    if (s < 0 || e <= s || e > n) throw py::value_error("offsets must be increasing, each tree holding its root");
+    if (s < 0 || e <= s || e > n || e - s > INT32_MAX) {
+      throw py::value_error("offsets must be increasing, each tree holding its root");
+    }
     for (int64_t v = s + 1; v < e; ++v) {
       if (par[v] < 0 || par[v] >= v - s) throw py::value_error("parents must point to earlier nodes of the same tree");
     }
@@ -130,27 +153,35 @@ int64_t observe(sssd::Drafter& dr, const py::array& rids, const py::dict& a, con
   return dr.observe(r, b, trees, ctx, acc);
 }
 
-sssd::Calibration make_calibration(const std::vector<int32_t>& de, const std::vector<int32_t>& me, int32_t k,
-                                   const py::object& values, const py::object& weights) {
-  sssd::Calibration c(de, me, k);
+sssd::Calibration make_calibration(const std::vector<int32_t>& de, const std::vector<int32_t>& me, py::handle k,
+                                   py::handle values, py::handle weights) {
+  sssd::Calibration c(de, me, int32_arg(k, "num_knots"));
+  if (values.is_none() != weights.is_none()) throw py::type_error("give both values and weights, or neither");
   if (!values.is_none()) {
-    const auto v = values.cast<py::array>(), w = weights.cast<py::array>();
-    const float* vp = typed<float>(v, "values", c.table_size());
-    const double* wp = typed<double>(w, "weights", c.table_size());
+    const float* vp = typed<float>(values, "values", c.table_size());
+    const double* wp = typed<double>(weights, "weights", c.table_size());
     c.set(std::vector<float>(vp, vp + c.table_size()), std::vector<double>(wp, wp + c.table_size()));
   }
   return c;
 }
 
+// Tree i is parents[offsets[i] .. offsets[i+1]) etc.; shared checks of the flat-tree entries.
+void check_tree(const int32_t* par, py::ssize_t n, const std::string& what) {
+  if (n < 1 || par[0] != -1) throw py::value_error(what + ": node 0 must be the root (parent -1)");
+  for (py::ssize_t i = 1; i < n; ++i) {
+    if (par[i] < 0 || par[i] >= i) throw py::value_error(what + ": parents[i] must lie in [0, i)");
+  }
+}
+
 }  // namespace
 
 void bind_drafter(py::module_& m) {
-  static py::exception<std::out_of_range> unknown(m, "UnknownRequestError",
-                                                  py::make_tuple(py::handle(PyExc_KeyError), py::handle(PyExc_ValueError)));
+  static py::exception<sssd::UnknownRequest> unknown(
+      m, "UnknownRequestError", py::make_tuple(py::handle(PyExc_KeyError), py::handle(PyExc_ValueError)));
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
-    } catch (const std::out_of_range& e) {
+    } catch (const sssd::UnknownRequest& e) {
       py::set_error(unknown, e.what());
     }
   });
@@ -163,13 +194,13 @@ void bind_drafter(py::module_& m) {
       .def_property_readonly("num_knots", &sssd::Calibration::num_knots)
       .def_property_readonly("values", [](const sssd::Calibration& c) { return to_numpy(c.values()); })
       .def_property_readonly("weights", [](const sssd::Calibration& c) { return to_numpy(c.weights()); })
-      .def("apply", [](const sssd::Calibration& c, const py::array& s, const py::array& d, const py::array& ml,
-                       const py::array& raw) {
-        const auto n = raw.shape(0);
+      .def("apply", [](const sssd::Calibration& c, py::handle s, py::handle d, py::handle ml, py::handle raw) {
+        const float* rp = typed<float>(raw, "raw");
+        const auto n = length(raw);
         const int8_t* sp = typed<int8_t>(s, "source", n);
         const int32_t* dp = typed<int32_t>(d, "depth", n);
         const int32_t* mp = typed<int32_t>(ml, "match_len", n);
-        const float* rp = typed<float>(raw, "raw", n);
+        check_finite(rp, n, "raw");
         py::array_t<float> out(n);
         for (py::ssize_t i = 0; i < n; ++i) {
           if (sp[i] < 0 || sp[i] >= sssd::kNumSources) throw py::value_error("source must be 0, 1 or 2");
@@ -179,45 +210,64 @@ void bind_drafter(py::module_& m) {
       });
 
   py::class_<sssd::Drafter>(m, "Drafter")
-      .def(py::init([](const std::vector<const sssd::Datastore*>& shards, const py::dict& params) {
+      .def(py::init([](const std::vector<std::shared_ptr<sssd::Datastore>>& shards, const py::dict& params) {
              std::vector<sssd::DatastoreView> views;
-             for (const auto* s : shards) views.push_back(s->view());
-             return new sssd::Drafter(drafter_params(params), std::move(views));
+             std::vector<std::shared_ptr<const void>> owners;
+             for (const auto& s : shards) {
+               if (s == nullptr) throw py::type_error("shards must be Datastore objects, not None");
+               views.push_back(s->view());
+               owners.push_back(s);  // the drafter keeps the files mapped, whatever Python drops
+             }
+             return new sssd::Drafter(drafter_params(params), std::move(views), std::move(owners));
            }),
            py::arg("shards"), py::arg("params"))
-      .def("add_request", [](sssd::Drafter& d, int64_t rid, const py::array& t) {
+      .def("add_request", [](sssd::Drafter& d, py::handle rid, py::handle t) {
+        const int64_t id = int_arg(rid, "rid");
         const auto s = int32_span(t, "prompt_ids");
         py::gil_scoped_release release;
-        d.add_request(rid, s.data, s.size);
+        d.add_request(id, s.data, s.size);
       })
-      .def("extend", [](sssd::Drafter& d, int64_t rid, const py::array& t) {
+      .def("extend", [](sssd::Drafter& d, py::handle rid, py::handle t) {
+        const int64_t id = int_arg(rid, "rid");
         const auto s = int32_span(t, "new_ids");
         py::gil_scoped_release release;
-        d.extend(rid, s.data, s.size);
+        d.extend(id, s.data, s.size);
       })
-      .def("remove_request", &sssd::Drafter::remove_request, py::arg("rid"), py::arg("add_output_to_pool"),
-           py::call_guard<py::gil_scoped_release>())
-      .def("add_to_pool", [](sssd::Drafter& d, const py::array& t) {
+      .def("remove_request", [](sssd::Drafter& d, py::handle rid, py::handle add_output_to_pool) {
+        const int64_t id = int_arg(rid, "rid");
+        const bool pool = bool_arg(add_output_to_pool, "add_output_to_pool");
+        py::gil_scoped_release release;
+        d.remove_request(id, pool);
+      }, py::arg("rid"), py::arg("add_output_to_pool"))
+      .def("add_to_pool", [](sssd::Drafter& d, py::handle t) {
         const auto s = int32_span(t, "tokens");
         py::gil_scoped_release release;
         d.add_to_pool(s.data, s.size);
       })
-      .def("has_request", &sssd::Drafter::has_request, py::call_guard<py::gil_scoped_release>())
+      .def("has_request", [](sssd::Drafter& d, py::handle rid) {
+        const int64_t id = int_arg(rid, "rid");
+        py::gil_scoped_release release;
+        return d.has_request(id);
+      })
       .def("num_requests", &sssd::Drafter::num_requests, py::call_guard<py::gil_scoped_release>())
-      .def("context_length", &sssd::Drafter::context_length, py::call_guard<py::gil_scoped_release>())
+      .def("context_length", [](sssd::Drafter& d, py::handle rid) {
+        const int64_t id = int_arg(rid, "rid");
+        py::gil_scoped_release release;
+        return d.context_length(id);
+      })
       .def("pool_tokens", &sssd::Drafter::pool_tokens, py::call_guard<py::gil_scoped_release>())
       .def("propose", &propose)
       .def("observe", &observe)
       .def("calibration", &sssd::Drafter::calibration, py::call_guard<py::gil_scoped_release>())
       .def("set_calibration", &sssd::Drafter::set_calibration, py::call_guard<py::gil_scoped_release>());
 
-  m.def("tree_buffers", [](const py::array& parents, const py::array& depth, const py::array& offsets) {
-    const auto n = parents.shape(0);
+  m.def("tree_buffers", [](py::handle parents, py::handle depth, py::handle offsets) {
     const int32_t* par = typed<int32_t>(parents, "parents");
+    const auto n = length(parents);
     const int32_t* dep = typed<int32_t>(depth, "depth", n);
-    if (offsets.ndim() != 1 || offsets.shape(0) < 1) throw py::value_error("offsets must have B + 1 >= 1 entries");
     const int64_t* off = typed<int64_t>(offsets, "offsets");
-    const auto b = offsets.shape(0) - 1;
+    if (length(offsets) < 1) throw py::value_error("offsets must have B + 1 >= 1 entries");
+    const auto b = length(offsets) - 1;
     int32_t width = 1;
     for (py::ssize_t i = 0; i < n; ++i) width = std::max(width, std::min(dep[i], 127) + 1);
     py::array_t<int32_t> pos(n), paths({n, static_cast<py::ssize_t>(width)}), tree(n);
@@ -229,42 +279,56 @@ void bind_drafter(py::module_& m) {
     }
     return py::make_tuple(pos, masks, paths, tree);
   });
-  m.def("select_sequence", [](const py::array& parents, const py::array& f, const py::array& depth, int32_t cap,
-                              int32_t max_depth, int32_t max_width) {
-    const auto n = parents.shape(0);
+  m.def("select_sequence", [](py::handle parents, py::handle f, py::handle depth, py::handle cap,
+                              py::handle max_depth, py::handle max_width) {
     const int32_t* par = typed<int32_t>(parents, "parents");
-    const double* fp = typed<double>(f, "f", n);
+    const auto n = length(parents);
+    if (n > INT32_MAX) throw py::value_error("select_sequence: at most 2^31 - 1 nodes");
+    const double* fp = typed<double>(f, "f", n);  // NaN is allowed: it orders after every number
     const int32_t* dep = typed<int32_t>(depth, "depth", n);
-    if (n < 1 || par[0] != -1) throw py::value_error("node 0 must be the root (parent -1)");
-    for (py::ssize_t i = 1; i < n; ++i) {
-      if (par[i] < 0 || par[i] >= i) throw py::value_error("parents[i] must lie in [0, i)");
+    check_tree(par, n, "select_sequence");
+    for (py::ssize_t i = 0; i < n; ++i) {
+      if (dep[i] < 0) throw py::value_error("select_sequence: depth[" + std::to_string(i) + "] is negative");
     }
+    const int32_t c = int32_arg(cap, "cap"), md = int32_arg(max_depth, "max_depth"), mw = int32_arg(max_width, "max_width");
     std::vector<int32_t> seq;
-    sssd::select_sequence(par, fp, dep, static_cast<int32_t>(n), cap, max_depth, max_width, seq);
+    sssd::select_sequence(par, fp, dep, static_cast<int32_t>(n), c, md, mw, seq);
     return to_numpy(seq);
   });
-  m.def("allocate_budget", [](const std::vector<py::array>& seq_f, int64_t budget, const py::object& tpot,
-                              double step_time, double slack) {
+  m.def("allocate_budget", [](py::handle seq_f_h, py::handle budget_h, py::handle tpot, py::handle step_time_h,
+                              py::handle slack_h) {
+    if (!PyList_Check(seq_f_h.ptr()) && !PyTuple_Check(seq_f_h.ptr())) {
+      throw py::type_error("seq_f must be a list of float64 arrays, got " + type_name(seq_f_h));
+    }
+    const py::list seq_f(py::reinterpret_borrow<py::object>(seq_f_h));  // holds the arrays for the call
+    const int64_t budget = int_arg(budget_h, "budget", 0);
+    const double step_time = real_arg(step_time_h, "step_time"), slack = real_arg(slack_h, "slack");
     std::vector<const double*> fs;
     std::vector<int32_t> lens;
     for (size_t i = 0; i < seq_f.size(); ++i) {
-      fs.push_back(typed<double>(seq_f[i], "seq_f[" + std::to_string(i) + "]"));
-      lens.push_back(static_cast<int32_t>(seq_f[i].shape(0)));
+      const std::string what = "seq_f[" + std::to_string(i) + "]";
+      fs.push_back(typed<double>(seq_f[i], what));
+      if (length(seq_f[i]) > INT32_MAX) throw py::value_error(what + " is too long");
+      lens.push_back(static_cast<int32_t>(length(seq_f[i])));
     }
-    const double* t = nullptr;
-    py::array tp;
-    if (!tpot.is_none()) {
-      tp = tpot.cast<py::array>();
-      t = typed<double>(tp, "tpot", static_cast<py::ssize_t>(seq_f.size()));
-    }
+    // NaN or <= 0: no target for that tree.
+    const double* t = tpot.is_none() ? nullptr : typed<double>(tpot, "tpot", static_cast<py::ssize_t>(seq_f.size()));
     std::vector<int32_t> order;
     sssd::allocate_budget(fs, lens, budget, t, step_time, slack, order);
     return to_numpy(order);
   });
-  m.def("isotonic_fit", [](const py::array& y, const py::array& w) {
-    const auto n = y.shape(0);
+  m.def("isotonic_fit", [](py::handle y, py::handle w) {
+    const double* yp = typed<double>(y, "y");
+    const auto n = length(y);
+    const double* wp = typed<double>(w, "w", n);
+    if (n > INT32_MAX) throw py::value_error("isotonic_fit: at most 2^31 - 1 values");
+    check_finite(yp, n, "y");
+    check_finite(wp, n, "w");
+    for (py::ssize_t i = 0; i < n; ++i) {
+      if (wp[i] < 0) throw py::value_error("isotonic_fit: weights must be >= 0");
+    }
     py::array_t<double> out(n);
-    sssd::isotonic_fit(typed<double>(y, "y"), typed<double>(w, "w", n), static_cast<int32_t>(n), out.mutable_data());
+    sssd::isotonic_fit(yp, wp, static_cast<int32_t>(n), out.mutable_data());
     return out;
   });
 }

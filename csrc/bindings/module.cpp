@@ -1,3 +1,5 @@
+#include <new>
+#include <string>
 #include <system_error>
 
 #include "bindings/common.h"
@@ -20,6 +22,13 @@ PYBIND11_MODULE(_core, m) {
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
+    } catch (const py::cast_error& e) {
+      // A value pybind11 could not convert ("Unable to cast ..."): the caller passed the wrong type.
+      PyErr_SetString(PyExc_TypeError, (std::string("sssd._core: wrong argument type: ") + e.what()).c_str());
+    } catch (const std::bad_alloc&) {
+      PyErr_SetString(PyExc_MemoryError,
+                      "sssd._core: out of memory: the call needs more memory than is available (check the "
+                      "sizes passed: token counts, budgets, depths)");
     } catch (const std::system_error& e) {
       const int code = e.code().value();
       PyObject* exc_type = code == ENOENT ? PyExc_FileNotFoundError : PyExc_OSError;

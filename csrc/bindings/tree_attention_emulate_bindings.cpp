@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,9 @@ py::array_t<float> emulate(py::handle q_h, py::handle kc_h, py::handle vc_h, py:
   auto off = dense<int64_t>(off_h, "offsets", 1);
   auto ctx = dense<int32_t>(ctx_h, "ctx_lens", 1), slot = dense<int32_t>(slot_h, "slots", 1);
   auto masks = dense<uint64_t>(mask_h, "masks", 2);
+  expect(splits >= 1 && splits <= 4096, "splits must be in [1, 4096]");
+  expect(chunk >= 1 && chunk <= (int64_t{1} << 31), "chunk must be in [1, 2^31]");
+  expect(std::isfinite(scale) && scale > 0.0f, "scale must be finite and > 0");
   const int64_t N = q.shape(0), Hq = q.shape(1), D = q.shape(2), B = ctx.shape(0);
   const int64_t S = kc.shape(0), R = kc.shape(1), Hkv = kc.shape(2);
   expect(B >= 1 && off.shape(0) == B + 1 && slot.shape(0) == B, "offsets must be [B+1], ctx_lens/slots [B]");
@@ -50,6 +54,8 @@ py::array_t<float> emulate(py::handle q_h, py::handle kc_h, py::handle vc_h, py:
   expect(Hkv >= 1 && Hq % Hkv == 0, "q heads must be a multiple of KV heads");
   const int64_t* o = off.data();
   expect(o[0] == 0 && o[B] == N, "offsets must start at 0 and end at N");
+  expect(Hq <= 4096 && D <= 4096 && (splits == 1 || N * Hq * D <= (int64_t{1} << 32) / splits),
+         "q is too large for the emulation's split workspace");
   int max_nodes = 0;
   int64_t max_ctx = 0;
   for (int64_t i = 0; i < B; ++i) {

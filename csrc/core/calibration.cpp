@@ -48,6 +48,13 @@ Calibration::Calibration(std::vector<int32_t> depth_edges, std::vector<int32_t> 
   check_edges(depth_edges_, "depth_edges");
   check_edges(match_edges_, "match_edges");
   if (num_knots_ < 2 || num_knots_ > 1001) throw std::invalid_argument("num_knots must be in [2, 1001]");
+  // A bound on the table (the shipped one has 3 * 7 * 6 * 11 entries) so that absurd bucket lists are
+  // a clear error, not a multi-gigabyte allocation.
+  if (depth_edges_.size() > 4096 || match_edges_.size() > 4096 ||
+      depth_edges_.size() * match_edges_.size() * static_cast<size_t>(num_knots_) > (size_t{1} << 22)) {
+    throw std::invalid_argument("calibration table too large: at most 4096 depth and match buckets and 2^22 "
+                                "(bucket, knot) entries per source");
+  }
   for (int32_t v = 0; v < kLut; ++v) {
     depth_lut_.push_back(bucket(depth_edges_, v));
     match_lut_.push_back(bucket(match_edges_, v));
@@ -87,9 +94,11 @@ int32_t Calibration::bucket(const std::vector<int32_t>& edges, int32_t v) {
 }
 
 void Calibration::observe(int32_t source, int32_t depth, int32_t match_len, float raw, float accepted, double weight) {
+  if (!(weight >= 0.0) || !std::isfinite(weight) || !(accepted >= 0.0f && accepted <= 1.0f)) return;
+  if (source < 0 || source >= kNumSources) return;
   const int32_t g = group(source, depth, match_len);
   const size_t base = static_cast<size_t>(g) * num_knots_;
-  const double t = std::min(std::max(static_cast<double>(raw), 0.0), 1.0) * (num_knots_ - 1);
+  const double t = (raw > 0.0f ? std::min(static_cast<double>(raw), 1.0) : 0.0) * (num_knots_ - 1);
   const int32_t k = std::min(static_cast<int32_t>(t), num_knots_ - 2);
   const double a = t - k;
   weights_[base + k] += (1 - a) * weight;

@@ -41,13 +41,16 @@ class Calibration {
   }
   float apply(int32_t source, int32_t depth, int32_t match_len, float raw) const {
     const float* v = values_.data() + static_cast<size_t>(group(source, depth, match_len)) * num_knots_;
-    const float t = std::min(std::max(raw, 0.0f), 1.0f) * static_cast<float>(num_knots_ - 1);
+    // max(0, raw) (in this order) sends NaN to 0: a NaN knot index would be UB. Still branchless.
+    const float t = std::min(std::max(0.0f, raw), 1.0f) * static_cast<float>(num_knots_ - 1);
     const int32_t k = std::min(static_cast<int32_t>(t), num_knots_ - 2);
     const float a = t - static_cast<float>(k);
     return v[k] + a * (v[k + 1] - v[k]);
   }
 
   // Adds one observation (accepted = 0/1) with the given weight; the group is refit by refit_dirty().
+  // A NaN raw counts as 0; a NaN or negative weight or accepted outside [0, 1] is ignored (the
+  // bindings reject them earlier; this keeps the table finite whatever a caller passes).
   void observe(int32_t source, int32_t depth, int32_t match_len, float raw, float accepted, double weight = 1.0);
   void refit_dirty();
 

@@ -1,6 +1,8 @@
 #include "core/datastore.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -8,6 +10,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <algorithm>
 #include <cstring>
 #include <system_error>
@@ -90,12 +93,47 @@ template void DatastoreBuilder::add_documents(const uint32_t*, int64_t, const in
 
 namespace {
 
+// Temporary files of a build are named `.<target>.tmp.<pid>.<n>` next to the target: hidden, and
+// recognisable as the leftovers of the build of that target by process pid.
+std::string temp_prefix(const std::string& final_path) {
+  const size_t slash = final_path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "" : final_path.substr(0, slash + 1);
+  const std::string name = slash == std::string::npos ? final_path : final_path.substr(slash + 1);
+  return dir + "." + name + ".tmp.";
+}
+
+// Removes the temporaries that killed builds of this target left behind (a process killed by SIGKILL
+// runs no cleanup): `.<target>.tmp.<pid>.<n>` whose pid is not a live process. A live pid (maybe a
+// concurrent build of the same target) keeps its files.
+void remove_stale_temporaries(const std::string& final_path) {
+  const std::string prefix = temp_prefix(final_path);
+  const size_t slash = prefix.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : prefix.substr(0, slash + 1);
+  const std::string stem = slash == std::string::npos ? prefix : prefix.substr(slash + 1);
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return;
+  while (const dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.compare(0, stem.size(), stem) != 0) continue;
+    const std::string rest = name.substr(stem.size());  // "<pid>.<n>"
+    const size_t dot = rest.find('.');
+    if (dot == 0 || dot == std::string::npos || rest.find_first_not_of("0123456789.") != std::string::npos) continue;
+    const long pid = std::strtol(rest.substr(0, dot).c_str(), nullptr, 10);
+    if (pid <= 0 || pid == static_cast<long>(getpid())) continue;
+    if (kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) {
+      std::remove((slash == std::string::npos ? name : dir + name).c_str());
+    }
+  }
+  closedir(d);
+}
+
 class TempFile {
  public:
   explicit TempFile(const std::string& final_path) {
     static std::atomic<uint64_t> counter{0};
-    path_ = final_path + ".tmp-" + std::to_string(getpid()) + "-" + std::to_string(counter++);
-    f_ = std::fopen(path_.c_str(), "wb");
+    remove_stale_temporaries(final_path);
+    path_ = temp_prefix(final_path) + std::to_string(getpid()) + "." + std::to_string(counter++);
+    f_ = std::fopen(path_.c_str(), "w+b");  // read back for the content checksum
     if (!f_) throw std::system_error(errno, std::generic_category(), "cannot create " + path_);
   }
   ~TempFile() {
@@ -119,6 +157,20 @@ class TempFile {
     const long pos = std::ftell(f_);
     if (pos < 0 || static_cast<uint64_t>(pos) > offset) throw std::logic_error("bad section offset");
     write(zeros, static_cast<size_t>(offset - static_cast<uint64_t>(pos)));
+  }
+  // Sets the content checksum of the file written so far (its sections up to the suffix array's end)
+  // in h and rewrites the header. Reads the bytes back through a mapping: they are in the page cache.
+  void seal_contents(DatastoreHeader& h) {
+    if (std::fflush(f_) != 0) throw std::system_error(errno, std::generic_category(), "write failed on " + path_);
+    const uint64_t end = content_end(h);
+    void* p = mmap(nullptr, static_cast<size_t>(end), PROT_READ, MAP_SHARED, fileno(f_), 0);
+    if (p == MAP_FAILED) throw std::system_error(errno, std::generic_category(), "cannot map " + path_);
+    madvise(p, static_cast<size_t>(end), MADV_SEQUENTIAL);
+    h.content_checksum = content_checksum(static_cast<const unsigned char*>(p), h);
+    munmap(p, static_cast<size_t>(end));
+    h.flags |= kFlagContentChecksum;
+    seal_header(h);
+    rewrite(0, &h, sizeof h);
   }
   void commit(const std::string& final_path) {
     if (std::fflush(f_) != 0 || fsync(fileno(f_)) != 0) {
@@ -224,6 +276,9 @@ void DatastoreBuilder::write_file(const std::string& path, const std::vector<Sym
   } else {
     sort_and_write<Sym, int64_t>(out, h, stream, index_stride, progress);
   }
+  progress("checksum", 0, 1);
+  out.seal_contents(h);
+  progress("checksum", 1, 1);
   out.commit(path);
 }
 
@@ -245,138 +300,6 @@ void DatastoreBuilder::finish(const std::string& path, const ProgressFn& progres
     write_file(path, stream16_, report);
   } else {
     write_file(path, stream32_, report);
-  }
-}
-
-// ---------------------------------------------------------------------------------------------------
-// Opening
-
-MappedFile::MappedFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    if (errno == ENOENT) throw std::system_error(errno, std::generic_category(), path);
-    throw std::system_error(errno, std::generic_category(), "cannot open " + path);
-  }
-  struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw DatastoreError(path + " is not a regular file");
-  }
-  size_ = static_cast<uint64_t>(st.st_size);
-  if (size_ > 0) {
-    void* p = mmap(nullptr, static_cast<size_t>(size_), PROT_READ, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) {
-      const int err = errno;
-      ::close(fd);
-      throw std::system_error(err, std::generic_category(), "cannot mmap " + path);
-    }
-    data_ = static_cast<unsigned char*>(p);
-    madvise(p, static_cast<size_t>(size_), MADV_RANDOM);  // binary searches jump around
-  }
-  ::close(fd);
-}
-
-MappedFile::~MappedFile() {
-  search_index_release(data_);  // a later mapping may reuse the address
-  if (data_) munmap(data_, static_cast<size_t>(size_));
-}
-
-namespace {
-
-uint64_t stream_at(const DatastoreView& v, uint64_t i) {
-  return v.header->token_width == 2 ? static_cast<const uint16_t*>(v.stream)[i]
-                                    : static_cast<const uint32_t*>(v.stream)[i];
-}
-
-uint64_t sa_at(const DatastoreView& v, uint64_t i) {
-  return v.header->sa_width == 4 ? static_cast<uint64_t>(static_cast<const int32_t*>(v.sa)[i])
-                                 : static_cast<uint64_t>(static_cast<const int64_t*>(v.sa)[i]);
-}
-
-}  // namespace
-
-Datastore::Datastore(const std::string& path) : path_(path), file_(path) {
-  if (file_.size() < sizeof(DatastoreHeader)) {
-    throw DatastoreError(path + ": truncated: " + std::to_string(file_.size()) +
-                         " bytes is smaller than a datastore header");
-  }
-  const auto* h = reinterpret_cast<const DatastoreHeader*>(file_.data());
-  try {
-    validate_header(*h, file_.size());
-  } catch (const DatastoreError& e) {
-    throw DatastoreError(path + ": " + e.what());
-  }
-  view_.header = h;
-  view_.stream = file_.data() + h->stream_offset;
-  view_.doc_offsets = reinterpret_cast<const uint64_t*>(file_.data() + h->doc_offsets_offset);
-  view_.sa = file_.data() + h->sa_offset;
-  // O(1) spot checks that make every later scan safe: the stream ends with a separator (scans stop
-  // there) and the document table spans the stream.
-  if (h->stream_length > 0 && stream_at(view_, h->stream_length - 1) != 0) {
-    throw DatastoreError(path + ": corrupt: the token stream does not end with a document separator");
-  }
-  if (view_.doc_offsets[0] != 0 || view_.doc_offsets[h->num_documents] != h->stream_length) {
-    throw DatastoreError(path + ": corrupt: the document table does not span the token stream");
-  }
-}
-
-void Datastore::document(uint64_t k, std::vector<int32_t>& out) const {
-  const DatastoreHeader& h = *view_.header;
-  if (k >= h.num_documents) throw std::out_of_range("document index out of range");
-  const uint64_t begin = view_.doc_offsets[k], end = view_.doc_offsets[k + 1];
-  if (begin >= end || end > h.stream_length) throw DatastoreError(path_ + ": corrupt document table");
-  for (uint64_t i = begin; i + 1 < end; ++i) {
-    const uint64_t s = stream_at(view_, i);
-    if (s == 0 || s > h.vocab_size) throw DatastoreError(path_ + ": corrupt token stream");
-    out.push_back(static_cast<int32_t>(s - 1));
-  }
-}
-
-void Datastore::verify(const ProgressFn& progress) const {
-  const DatastoreHeader& h = *view_.header;
-  const ProgressFn report = progress ? progress : [](const char*, uint64_t, uint64_t) {};
-  for (uint64_t k = 0; k < h.num_documents; ++k) {
-    const uint64_t b = view_.doc_offsets[k], e = view_.doc_offsets[k + 1];
-    if (b >= e || e > h.stream_length || stream_at(view_, e - 1) != 0) {
-      throw DatastoreError(path_ + ": corrupt document table at document " + std::to_string(k));
-    }
-    for (uint64_t i = b; i + 1 < e; ++i) {
-      const uint64_t s = stream_at(view_, i);
-      if (s == 0 || s > h.vocab_size) throw DatastoreError(path_ + ": corrupt token stream");
-    }
-  }
-  report("checking documents", 1, 1);
-  std::vector<uint64_t> seen(static_cast<size_t>(h.stream_length / 64 + 1), 0);
-  auto less_or_equal = [&](uint64_t a, uint64_t b) {  // suffix(a) <= suffix(b), up to document ends
-    for (;; ++a, ++b) {
-      const uint64_t x = stream_at(view_, a), y = stream_at(view_, b);
-      if (x != y) return x < y;
-      if (x == 0) return true;
-    }
-  };
-  for (uint64_t i = 0; i < h.num_tokens; ++i) {
-    const uint64_t p = sa_at(view_, i);
-    if (p >= h.stream_length || stream_at(view_, p) == 0 || ((seen[p >> 6] >> (p & 63)) & 1)) {
-      throw DatastoreError(path_ + ": corrupt suffix array at entry " + std::to_string(i));
-    }
-    seen[p >> 6] |= uint64_t{1} << (p & 63);
-    if (i > 0 && !less_or_equal(sa_at(view_, i - 1), p)) {
-      throw DatastoreError(path_ + ": suffix array is not sorted at entry " + std::to_string(i));
-    }
-    if ((i & 0xFFFFF) == 0) report("checking suffix array", i, h.num_tokens);
-  }
-  report("checking suffix array", h.num_tokens, h.num_tokens);
-  try {
-    const uint64_t stride = stored_index_stride(view_);
-    if (stride != 0) {
-      const auto stored = SearchIndex::load(view_);
-      if (!stored->same_as(SearchIndex(view_, stride))) {
-        throw DatastoreError("the stored search index differs from one built from the suffix array");
-      }
-      report("checking search index", 1, 1);
-    }
-  } catch (const DatastoreError& e) {
-    throw DatastoreError(path_ + ": " + e.what());
   }
 }
 

@@ -1,7 +1,9 @@
 // Building a datastore file from token documents, and opening one with mmap.
 #pragma once
+#include <atomic>
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -57,7 +59,10 @@ class DatastoreBuilder {
   std::vector<uint32_t> stream32_;
 };
 
-// A read-only memory map of a whole file.
+// A read-only memory map of a whole regular file. Anything else (a FIFO, a device, a directory) is a
+// DatastoreError naming the path, raised before the file is read (a FIFO is never waited on). The file
+// stays open so that check_size() can tell, before a read, whether it shrank under the mapping (reading
+// a mapped page past the end of a truncated file raises SIGBUS).
 class MappedFile {
  public:
   explicit MappedFile(const std::string& path);
@@ -66,11 +71,16 @@ class MappedFile {
   MappedFile& operator=(const MappedFile&) = delete;
   const unsigned char* data() const { return data_; }
   uint64_t size() const { return size_; }
+  // Throws DatastoreError when the file is now shorter than the mapping (truncated in place).
+  void check_size(const std::string& path) const;
 
  private:
   unsigned char* data_ = nullptr;
   uint64_t size_ = 0;
+  int fd_ = -1;
 };
+
+class Datastore;
 
 // Raw pointers into a validated datastore (owned elsewhere); what search reads.
 struct DatastoreView {
@@ -78,6 +88,7 @@ struct DatastoreView {
   const void* stream = nullptr;          // [stream_length] of token_width bytes
   const uint64_t* doc_offsets = nullptr;  // [num_documents + 1]
   const void* sa = nullptr;              // [num_tokens] of sa_width bytes
+  const Datastore* owner = nullptr;      // the opened file (null for views of memory, in tests)
 };
 
 // An opened datastore: O(1) open (header checks only), pages come in on demand.
@@ -90,13 +101,29 @@ class Datastore {
   std::string fingerprint() const { return std::string(view_.header->fingerprint); }
   // Document k's tokens (ids, not stream symbols) appended to out; throws DatastoreError if corrupt.
   void document(uint64_t k, std::vector<int32_t>& out) const;
-  // Full O(n) consistency check: offsets, token range, suffix-array order. Throws DatastoreError.
+  // Full O(n) consistency check: content checksum, offsets, token range, suffix-array order (a rank
+  // array: 4 bytes per stream symbol, 8 past 2^32). Throws DatastoreError (datastore_verify.cpp).
   void verify(const ProgressFn& progress) const;
+  // What every read path calls first (check_mapping): the file was not truncated under the mapping
+  // (an fstat, every call), and its content checksum matches (once per opened file; files without one
+  // pass). Throws DatastoreError naming the path.
+  void check_usable() const;
 
  private:
+  void check_contents() const;
   std::string path_;
   MappedFile file_;
   DatastoreView view_;
+  mutable std::atomic<bool> contents_checked_{false};
+  mutable std::mutex check_mutex_;
 };
+
+// v.owner->check_usable() for views of opened files; nothing for views of memory.
+void check_mapping(const DatastoreView& v);
+
+// Checks that the shards can be searched as one datastore (same vocabulary size; a search index's
+// tables are sized by it) and that every mapped file is still whole (check_mapping). Throws
+// DatastoreError.
+void check_shards(const std::vector<DatastoreView>& shards);
 
 }  // namespace sssd

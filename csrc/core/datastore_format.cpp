@@ -1,7 +1,11 @@
 #include "core/datastore_format.h"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
+#include <vector>
+
+#include "core/parallel.h"
 
 namespace sssd {
 
@@ -52,6 +56,22 @@ uint32_t token_width_for_vocab(uint64_t vocab_size) {
 }
 
 uint64_t align_section(uint64_t x) { return (x + kSectionAlign - 1) / kSectionAlign * kSectionAlign; }
+
+uint64_t content_end(const DatastoreHeader& h) {
+  return (h.flags & kFlagSearchIndex) ? h.index_offset : h.file_size;
+}
+
+uint64_t content_checksum(const unsigned char* file, const DatastoreHeader& h) {
+  constexpr uint64_t kBlock = uint64_t{1} << 24;
+  const uint64_t begin = h.stream_offset, end = content_end(h);
+  const uint64_t bytes = end > begin ? end - begin : 0;
+  std::vector<uint64_t> blocks(static_cast<size_t>((bytes + kBlock - 1) / kBlock));
+  parallel_for(static_cast<int64_t>(blocks.size()), [&](int64_t k) {
+    const uint64_t at = static_cast<uint64_t>(k) * kBlock;
+    blocks[static_cast<size_t>(k)] = checksum64(file + begin + at, static_cast<size_t>(std::min(kBlock, bytes - at)));
+  });
+  return checksum64(blocks.data(), blocks.size() * sizeof(uint64_t));
+}
 
 namespace {
 

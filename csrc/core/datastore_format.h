@@ -16,6 +16,16 @@
 //                       not at open. Files without it (flags 0, fields 0) build the index in memory on
 //                       the first search; readers that predate the flag ignore it (same version 1).
 //
+// Content checksum (flags & kFlagContentChecksum): content_checksum() of every byte from stream_offset to
+// the stored index (or the end of the file): sections and the padding between them. Written by the
+// builder and checked once per opened file, on its first use (search, drafting, document(), verify()),
+// not at open. Files without the flag (older builds) are used unchecked; verify() checks their
+// structure in full. The header has its checksum and the stored index its own: every byte is covered.
+//
+// Suffix order: suffixes compare up to their document's end (a suffix that ends first sorts first);
+// suffixes equal up to their documents' ends appear in the order of the suffixes one position later
+// (the builder sorts whole-stream suffixes, which gives exactly this; verify() checks it in O(n)).
+//
 // Every section lies after the header, is 64-byte aligned, and inside file_size; validate_header()
 // checks all of it against the real file size before any section is touched.
 #pragma once
@@ -36,7 +46,8 @@ constexpr char kDatastoreMagic[8] = {'S', 'S', 'S', 'D', 'S', 'T', 'O', 'R'};
 constexpr uint32_t kDatastoreVersion = 1;
 constexpr size_t kFingerprintBytes = 120;
 constexpr uint64_t kSectionAlign = 64;
-constexpr uint32_t kFlagSearchIndex = 1;  // the file stores a search index section
+constexpr uint32_t kFlagSearchIndex = 1;     // the file stores a search index section
+constexpr uint32_t kFlagContentChecksum = 2;  // content_checksum holds the sections' checksum
 // Token width: the stream stores token t as the symbol t + 1 (0 is the document separator), so uint16
 // symbols hold tokens 0..65534 only. A datastore therefore uses uint16 iff vocab_size <= 65535 and uint32
 // otherwise (vocab_size 65536 has the id 65535, stored as 65536). This is one less than the "vocab <=
@@ -51,7 +62,7 @@ struct DatastoreHeader {
   uint32_t version;
   uint32_t token_width;  // 2 or 4 bytes per stream symbol
   uint32_t sa_width;     // 4 or 8 bytes per suffix-array entry
-  uint32_t flags;        // kFlagSearchIndex or 0; other bits are ignored
+  uint32_t flags;        // kFlagSearchIndex | kFlagContentChecksum; other bits are ignored
   uint64_t vocab_size;
   uint64_t num_tokens;     // real tokens, separators excluded
   uint64_t num_documents;  // including empty ones
@@ -64,7 +75,8 @@ struct DatastoreHeader {
   uint64_t index_offset;    // 0 without a stored search index
   uint64_t index_bytes;     // 0 without a stored search index
   uint64_t index_checksum;  // search_index.h: stored_index_checksum
-  uint64_t reserved[2];
+  uint64_t content_checksum;  // with kFlagContentChecksum: content_checksum() of the sections (else 0)
+  uint64_t reserved;
   uint64_t header_checksum;  // FNV-1a 64 of the preceding 248 bytes
 };
 static_assert(sizeof(DatastoreHeader) == 256, "header must be 256 bytes");
@@ -74,6 +86,14 @@ uint64_t fnv1a64(const void* data, size_t n);
 // sections too large for the byte-at-a-time FNV-1a.
 uint64_t checksum64(const void* data, size_t n);
 uint64_t align_section(uint64_t x);  // rounds up to kSectionAlign
+
+// The end of the bytes the content checksum covers: the stored search index's offset (the index has its
+// own checksum), else the end of the file.
+uint64_t content_end(const DatastoreHeader& h);
+// The checksum of the bytes [stream_offset, content_end(h)) of a whole file mapped at `file` (header
+// already validated): checksum64 of every 16 MiB block, in parallel, then checksum64 of those block
+// checksums. Memory speed on every core.
+uint64_t content_checksum(const unsigned char* file, const DatastoreHeader& h);
 uint32_t token_width_for_vocab(uint64_t vocab_size);  // throws std::invalid_argument past the limit
 
 // Fills in offsets, widths, file size and checksum for a datastore of the given shape.

@@ -188,10 +188,13 @@ template <class O, class ForChildren>
 void select_best_first(const double* f, const int32_t* depth, int32_t cap, int32_t max_depth, int32_t max_width,
                        ForChildren&& for_children, std::vector<int32_t>& seq, std::vector<typename O::Item>& heap,
                        SelectScratch& sc) {
-  sc.width.assign(static_cast<size_t>(std::max(max_depth, 0)) + 2, 0);
+  // max_depth is in [0, the deepest node's depth] here (the caller clamps it), so `width` stays as small
+  // as the tree; a negative depth is never eligible (as unsigned it exceeds max_depth).
+  sc.width.assign(static_cast<size_t>(max_depth) + 2, 0);
   heap.clear();
+  auto eligible = [&](int32_t c) { return static_cast<uint32_t>(depth[c]) <= static_cast<uint32_t>(max_depth); };
   for_children(0, [&](int32_t c) {
-    if (depth[c] <= max_depth) heap_push<O>(heap, O::item(f[c], c));
+    if (eligible(c)) heap_push<O>(heap, O::item(f[c], c));
   });
   while (!heap.empty() && static_cast<int32_t>(seq.size()) < cap) {
     const int32_t v = O::index(heap[0]);
@@ -205,7 +208,7 @@ void select_best_first(const double* f, const int32_t* depth, int32_t cap, int32
     // The popped top is replaced by v's first eligible child, the other children are pushed.
     bool top_free = true;
     for_children(v, [&](int32_t c) {
-      if (depth[c] > max_depth) return;
+      if (!eligible(c)) return;
       const auto item = O::item(f[c], c);
       if (top_free) {
         heap_replace_top<O>(heap, &item);
@@ -222,7 +225,13 @@ template <class ForChildren>
 void select_best_first(const double* f, const int32_t* depth, int32_t n, int32_t cap, int32_t max_depth,
                        int32_t max_width, ForChildren&& for_children, std::vector<int32_t>& seq, SelectScratch& sc) {
   bool has_nan = false;
-  for (int32_t v = 0; v < n; ++v) has_nan |= std::isnan(f[v]);
+  int32_t deepest = 0;
+  for (int32_t v = 0; v < n; ++v) {
+    has_nan |= std::isnan(f[v]);
+    deepest = std::max(deepest, depth[v]);
+  }
+  max_depth = std::min(max_depth, deepest);  // no node is deeper: same selection, a bounded width table
+  if (max_depth < 0) return;                  // no node is eligible
   if (has_nan) {
     select_best_first<PairOrder>(f, depth, cap, max_depth, max_width, for_children, seq, sc.heap, sc);
   } else {
@@ -295,7 +304,9 @@ void allocate_budget(const std::vector<const double*>& seq_f, const std::vector<
       if (std::isnan(seq_f[static_cast<size_t>(i)][k])) has_nan = true;
     }
   }
-  if (budget > static_cast<int64_t>(order.size())) order.reserve(static_cast<size_t>(budget));
+  int64_t nodes = 0;  // the most ranks there can be: a budget past it reserves nothing more
+  for (int32_t i = 0; i < b; ++i) nodes += std::max(len[static_cast<size_t>(i)], 0);
+  if (std::min(budget, nodes) > static_cast<int64_t>(order.size())) order.reserve(static_cast<size_t>(std::min(budget, nodes)));
   if (!has_nan) {
     // A tournament (loser) tree: leaf i holds tree i's next node as a merge_key, or 0 once the tree is
     // exhausted (below every node); each internal node keeps the loser of the match played there, and

@@ -1,6 +1,7 @@
 #include "core/drafter.h"
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <string>
 #include <unordered_set>
@@ -25,23 +26,23 @@ void validate_drafter_params(const DrafterParams& p) {
   check_match(p.input, "input");
   check_match(p.pool, "pool");
   validate_search_params(p.search);
-  if (!(p.fusion.alpha >= 0.0f)) throw std::invalid_argument("alpha must be >= 0");
+  if (!(p.fusion.alpha >= 0.0f) || !std::isfinite(p.fusion.alpha)) throw std::invalid_argument("alpha must be finite and >= 0");
+  if (!(p.fusion.min_f >= 0.0) || !std::isfinite(p.fusion.min_f)) throw std::invalid_argument("min_f must be finite and >= 0");
   if (p.max_depth < 1 || p.max_depth > 64) throw std::invalid_argument("max_depth must be in [1, 64]");
   if (p.ds_max_depth < 0) throw std::invalid_argument("ds_max_depth must be >= 0");
   if (p.max_tree_nodes < 0) throw std::invalid_argument("max_tree_nodes must be >= 0");
   if (p.pool_max_tokens < 0) throw std::invalid_argument("pool_max_tokens must be >= 0");
 }
 
-Drafter::Drafter(const DrafterParams& params, std::vector<DatastoreView> shards)
-    : params_(params), shards_(std::move(shards)), pool_(params.index_max_n, params.pool_max_tokens) {
+Drafter::Drafter(const DrafterParams& params, std::vector<DatastoreView> shards,
+                 std::vector<std::shared_ptr<const void>> owners)
+    : params_(params), shards_(std::move(shards)), owners_(std::move(owners)),
+      pool_(params.index_max_n, params.pool_max_tokens) {
   validate_drafter_params(params_);
+  check_shards(shards_);
   params_.fusion.max_depth = params_.max_depth;
   params_.input.max_depth = params_.pool.max_depth = params_.max_depth;
   params_.search.max_depth = params_.ds_max_depth > 0 ? std::min(params_.ds_max_depth, params_.max_depth) : params_.max_depth;
-  if (!shards_.empty()) {
-    const uint64_t v = shards_[0].header->vocab_size;
-    if (params_.vocab_size == 0 || v < params_.vocab_size) params_.vocab_size = v;
-  }
 }
 
 void Drafter::check_tokens(const int32_t* tokens, int64_t n) const {
@@ -56,7 +57,7 @@ void Drafter::check_tokens(const int32_t* tokens, int64_t n) const {
 
 Drafter::Request& Drafter::get(int64_t rid) {
   auto it = requests_.find(rid);
-  if (it == requests_.end()) throw std::out_of_range("unknown request id " + std::to_string(rid));
+  if (it == requests_.end()) throw UnknownRequest("unknown request id " + std::to_string(rid));
   return it->second;
 }
 
@@ -143,7 +144,8 @@ void Drafter::draft_one(const Request& r, int32_t cap, Work& s, Draft& d) const 
     tries[0] = &s.tries[0];
   }
   if (params_.use_datastore && !shards_.empty()) {
-    search_context(shards_, TokenSpan{ctx.data(), len}, params_.search, s.tries[1], &r.ds_cache);
+    search_context(shards_, TokenSpan{ctx.data(), len}, params_.search, s.tries[1], &r.ds_cache,
+                   OutOfVocab::kNoMatch);
     tries[1] = &s.tries[1];
   }
   if (params_.use_pool && pool_.live_tokens() > 0) {
@@ -192,6 +194,7 @@ void Drafter::propose(const int64_t* rids, int64_t b, const int64_t* budgets, bo
     if (!seen.insert(rids[i]).second) throw std::invalid_argument("request id " + std::to_string(rids[i]) + " appears twice in the batch");
     reqs[static_cast<size_t>(i)] = &get(rids[i]);
   }
+  if (params_.use_datastore) check_shards(shards_);  // truncated files: an error here, not SIGBUS later
   const int64_t global = per_request ? 0 : budgets[0];
   if (static_cast<int64_t>(drafts_.size()) < b) drafts_.resize(static_cast<size_t>(b));
   if (work_.size() < static_cast<size_t>(max_threads())) work_.resize(static_cast<size_t>(max_threads()));
@@ -307,7 +310,10 @@ int64_t Drafter::observe(const int64_t* rids, int64_t b, const std::vector<TreeV
       throw std::invalid_argument("accepted_counts[" + std::to_string(i) + "] = " + std::to_string(accepted[i]) +
                                   " is outside [0, " + std::to_string(trees[static_cast<size_t>(i)].size - 1) + "]");
     }
-    if (context_len[i] < 1) throw std::invalid_argument("batch context_len must be >= 1");
+    // The bound keeps context_len + accepted far from overflow (contexts are much shorter anyway).
+    if (context_len[i] < 1 || context_len[i] > (int64_t{1} << 48)) {
+      throw std::invalid_argument("batch context_len must be in [1, 2^48]");
+    }
   }
   if (!params_.online) return 0;
   int64_t recorded = 0;

@@ -4,7 +4,9 @@
 // internal mutex, so the Python side may release the GIL around every call.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <unordered_map>
 #include <vector>
 
@@ -17,6 +19,12 @@
 
 namespace sssd {
 
+// A request id the drafter does not know (UnknownRequestError in Python: a KeyError and a ValueError).
+class UnknownRequest : public std::out_of_range {
+ public:
+  using std::out_of_range::out_of_range;
+};
+
 struct DrafterParams {
   bool use_input = true, use_datastore = true, use_pool = true;
   int32_t index_max_n = 4;   // n-gram lengths indexed for the input source and the pool
@@ -28,7 +36,9 @@ struct DrafterParams {
   int32_t max_depth = 8, max_width = 0, max_tree_nodes = 127;
   int32_t ds_max_depth = 0;  // continuation tokens read per datastore occurrence (0: max_depth)
   int64_t pool_max_tokens = 1 << 20;
-  uint64_t vocab_size = 0;   // token ids must be < vocab_size when > 0
+  // Token ids must be < vocab_size when > 0 (the model's vocabulary). A datastore may have a smaller
+  // vocabulary: tokens past it never match there (OutOfVocab::kNoMatch); the other sources draft them.
+  uint64_t vocab_size = 0;
 };
 void validate_drafter_params(const DrafterParams& p);  // throws std::invalid_argument
 
@@ -56,7 +66,10 @@ struct TreeView {
 
 class Drafter {
  public:
-  Drafter(const DrafterParams& params, std::vector<DatastoreView> shards);
+  // owners: whatever keeps the shards' mappings alive (the opened Datastore objects); held until the
+  // drafter is destroyed, so no view outlives its file. Shards must share the vocabulary size.
+  Drafter(const DrafterParams& params, std::vector<DatastoreView> shards,
+          std::vector<std::shared_ptr<const void>> owners = {});
 
   void add_request(int64_t rid, const int32_t* tokens, int64_t n);
   void extend(int64_t rid, const int32_t* tokens, int64_t n);
@@ -128,6 +141,7 @@ class Drafter {
 
   DrafterParams params_;
   std::vector<DatastoreView> shards_;
+  std::vector<std::shared_ptr<const void>> owners_;
   std::unordered_map<int64_t, Request> requests_;
   RecentPool pool_;
   Calibration cal_;

@@ -182,7 +182,7 @@ class ContextSearch {
     const bool memo = len <= 2 && out.size() == 1 && out.counts[0] == 0 &&
                       search_detail::TrieMemo::enabled().load(std::memory_order_relaxed);
     if (memo) {
-      key = search_detail::MemoKey{generation_, views_[0].header, views_.size(), len, p_.max_depth, p_.max_samples,
+      key = search_detail::MemoKey{generation_, &views_, len, p_.max_depth, p_.max_samples,
                                    sc_.query[static_cast<size_t>(max_len_ - len)],
                                    len == 2 ? sc_.query[static_cast<size_t>(max_len_ - 1)] : 0};
       uint64_t total = 0;
@@ -302,8 +302,8 @@ class ContextSearch {
 // the context's symbols just before the cached length.
 bool cache_fits(const SearchCache& cache, const std::vector<DatastoreView>& views, const std::vector<uint32_t>& query,
                 int32_t max_len, TokenSpan context) {
-  if (cache.context_len < 0 || cache.context_len > context.size || cache.num_shards != views.size() ||
-      cache.shards_id != views[0].header || cache.generation != mapping_generation()) {
+  if (cache.context_len < 0 || cache.context_len > context.size || !search_detail::same_shards(cache.shards, views) ||
+      cache.generation != mapping_generation()) {
     return false;
   }
   const int64_t grown = context.size - cache.context_len;
@@ -319,22 +319,34 @@ bool cache_fits(const SearchCache& cache, const std::vector<DatastoreView>& view
 }
 
 // indexes[s]: the SearchIndex of views[s], or nullptr.
+// The number of context tokens a query may use (at most max_query_len), after checking them: with
+// kNoMatch, a token past the vocabulary ends the usable suffix (it occurs nowhere in the datastore).
+int32_t usable_suffix(TokenSpan context, int32_t max_query_len, uint64_t vocab, OutOfVocab oov) {
+  const int32_t max_len = static_cast<int32_t>(std::min<int64_t>(max_query_len, context.size));
+  for (int32_t k = 1; k <= max_len; ++k) {  // k-th token from the end
+    const int32_t t = context.data[context.size - k];
+    if (t >= 0 && static_cast<uint64_t>(t) < vocab) continue;
+    if (t < 0 || oov == OutOfVocab::kError) {
+      throw std::invalid_argument("context token id " + std::to_string(t) +
+                                  " is outside the datastore vocabulary [0, " + std::to_string(vocab) + ")");
+    }
+    return k - 1;
+  }
+  return max_len;
+}
+
 void search_one(const std::vector<DatastoreView>& views, const std::vector<const SearchIndex*>& indexes,
-                TokenSpan context, const SearchParams& p, CandidateTrie& out, SearchCache* cache) {
+                TokenSpan context, const SearchParams& p, CandidateTrie& out, SearchCache* cache,
+                OutOfVocab oov) {
   out.reset(context.size > 0 ? context.data[context.size - 1] : -1);
   if (views.empty()) return;
   const uint64_t vocab = views[0].header->vocab_size;
   Scratch& sc = scratch();
 
-  const int32_t max_len = static_cast<int32_t>(std::min<int64_t>(p.max_query_len, context.size));
+  const int32_t max_len = usable_suffix(context, p.max_query_len, vocab, oov);
   sc.query.resize(static_cast<size_t>(std::max(max_len, 0)));
   for (int32_t j = 0; j < max_len; ++j) {
-    const int32_t t = context.data[context.size - max_len + j];
-    if (t < 0 || static_cast<uint64_t>(t) >= vocab) {
-      throw std::invalid_argument("context token id " + std::to_string(t) +
-                                  " is outside the datastore vocabulary [0, " + std::to_string(vocab) + ")");
-    }
-    sc.query[static_cast<size_t>(j)] = static_cast<uint32_t>(t) + 1;
+    sc.query[static_cast<size_t>(j)] = static_cast<uint32_t>(context.data[context.size - max_len + j]) + 1;
   }
   if (max_len < p.min_query_len || p.max_samples == 0) return;
 
@@ -353,8 +365,8 @@ void search_one(const std::vector<DatastoreView>& views, const std::vector<const
   if (cache != nullptr) {
     search.save(*cache);
     cache->context_len = context.size;
-    cache->shards_id = views[0].header;
-    cache->num_shards = views.size();
+    cache->shards.resize(views.size());
+    for (size_t i = 0; i < views.size(); ++i) cache->shards[i] = views[i].header;
     cache->generation = mapping_generation();
   }
 }
@@ -376,19 +388,21 @@ struct Indexes {
 void set_search_memo(bool on) { search_detail::TrieMemo::enabled().store(on, std::memory_order_relaxed); }
 
 void search_context(const std::vector<DatastoreView>& views, TokenSpan context, const SearchParams& p,
-                    CandidateTrie& out, SearchCache* cache) {
+                    CandidateTrie& out, SearchCache* cache, OutOfVocab oov) {
   const Indexes indexes(views);
-  search_one(views, indexes.raw, context, p, out, cache);
+  search_one(views, indexes.raw, context, p, out, cache, oov);
 }
 
 void search_batch(const std::vector<DatastoreView>& shards, const std::vector<TokenSpan>& contexts,
                   const SearchParams& p, std::vector<CandidateTrie>& out) {
   validate_search_params(p);
+  check_shards(shards);
   out.resize(contexts.size());
   if (contexts.empty()) return;
   const Indexes indexes(shards);
   parallel_for(static_cast<int64_t>(contexts.size()), [&](int64_t i) {
-    search_one(shards, indexes.raw, contexts[static_cast<size_t>(i)], p, out[static_cast<size_t>(i)], nullptr);
+    search_one(shards, indexes.raw, contexts[static_cast<size_t>(i)], p, out[static_cast<size_t>(i)], nullptr,
+               OutOfVocab::kError);
   });
 }
 

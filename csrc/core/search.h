@@ -52,8 +52,7 @@ struct TokenSpan {
 struct SearchCache {
   int64_t context_len = -1;        // context length of the cached search; -1: empty
   int32_t max_len = 0;             // query length of the cached search
-  const void* shards_id = nullptr;  // the first shard's header, and the number of shards
-  size_t num_shards = 0;
+  std::vector<const void*> shards;  // the headers of the shards searched, in order (all of them)
   uint64_t generation = 0;         // mapping_generation() when stored
   std::vector<uint32_t> query;     // [max_len] the cached query's symbols (token + 1)
   std::vector<uint8_t> known;      // [max_len + 1] range of this length was computed
@@ -62,11 +61,18 @@ struct SearchCache {
   void clear() { context_len = -1; }
 };
 
-// Shards must share the vocabulary size (checked by the caller). Throws std::invalid_argument for a
-// context token outside [0, vocab_size) and DatastoreError for a corrupt suffix-array entry. With a
-// cache: reads it (when it fits this context) and stores this search in it.
+// What a context token >= the datastore's vocab_size means. kError: a bad argument (a caller searching
+// the datastore directly passed ids of another vocabulary). kNoMatch: a token the datastore cannot hold
+// (a model whose vocabulary is larger than the datastore's): no suffix containing it occurs, so the
+// query is the context's tokens after the last such token. Negative ids are an error either way.
+enum class OutOfVocab { kError, kNoMatch };
+
+// Shards must share the vocabulary size (check_shards). Throws std::invalid_argument for a negative
+// context token (or, with kError, one >= vocab_size) and DatastoreError for a corrupt suffix-array
+// entry. With a cache: reads it (when it fits this context) and stores this search in it.
 void search_context(const std::vector<DatastoreView>& shards, TokenSpan context, const SearchParams& p,
-                    CandidateTrie& out, SearchCache* cache = nullptr);
+                    CandidateTrie& out, SearchCache* cache = nullptr, OutOfVocab oov = OutOfVocab::kError);
+
 
 // Turns the per-thread memo of short-suffix tries (search_memo.h) on (the default) or off, for
 // every thread; results are the same either way (tests compare them).

@@ -5,7 +5,7 @@
 // recur across requests and steps), and the same query in the same datastore always samples the same
 // occurrences, so a hit copies the trie instead of reading ~max_samples scattered suffix-array entries
 // and continuations. Keys carry the mapping generation (search_index.h): a later mapping may reuse a
-// released one's address.
+// released one's address. An entry is valid only for the exact list of shards it was sampled from.
 #pragma once
 #include <atomic>
 #include <cstddef>
@@ -13,21 +13,27 @@
 #include <vector>
 
 #include "core/candidate_trie.h"
+#include "core/datastore.h"
 
 namespace sssd {
 namespace search_detail {
 
 struct MemoKey {
   uint64_t generation = 0;
-  const void* shards_id = nullptr;  // the first shard's header
-  size_t num_shards = 0;
+  const std::vector<DatastoreView>* shards = nullptr;  // the searched shard list (every header counts)
   int32_t len = 0, max_depth = 0, max_samples = 0;
   uint32_t q0 = 0, q1 = 0;  // the suffix's symbols (q1 = 0 for one symbol)
-  bool operator==(const MemoKey& o) const {
-    return generation == o.generation && shards_id == o.shards_id && num_shards == o.num_shards && len == o.len &&
-           max_depth == o.max_depth && max_samples == o.max_samples && q0 == o.q0 && q1 == o.q1;
-  }
 };
+
+// Whether `stored` (the headers of a memo entry's shards) names exactly the shards of `views`, in order.
+// The whole list is compared: [A, B] and [A, C] share their first shard and their length.
+inline bool same_shards(const std::vector<const void*>& stored, const std::vector<DatastoreView>& views) {
+  if (stored.size() != views.size()) return false;
+  for (size_t i = 0; i < views.size(); ++i) {
+    if (stored[i] != views[i].header) return false;
+  }
+  return true;
+}
 
 class TrieMemo {
  public:
@@ -43,13 +49,23 @@ class TrieMemo {
   // The trie stored under k (and its occurrence count in *total), or null.
   const CandidateTrie* find(const MemoKey& k, uint64_t* total) const {
     const Entry& e = entries_[slot(k)];
-    if (!e.valid || !(e.key == k)) return nullptr;
+    if (!e.valid || e.generation != k.generation || e.len != k.len || e.max_depth != k.max_depth ||
+        e.max_samples != k.max_samples || e.q0 != k.q0 || e.q1 != k.q1 || !same_shards(e.shards, *k.shards)) {
+      return nullptr;
+    }
     *total = e.total;
     return &e.trie;
   }
   void store(const MemoKey& k, const CandidateTrie& t, uint64_t total) {
     Entry& e = entries_[slot(k)];
-    e.key = k;
+    e.generation = k.generation;
+    e.shards.resize(k.shards->size());
+    for (size_t i = 0; i < k.shards->size(); ++i) e.shards[i] = (*k.shards)[i].header;
+    e.len = k.len;
+    e.max_depth = k.max_depth;
+    e.max_samples = k.max_samples;
+    e.q0 = k.q0;
+    e.q1 = k.q1;
     e.trie = t;
     e.total = total;
     e.valid = true;
@@ -59,7 +75,10 @@ class TrieMemo {
   static constexpr size_t kEntries = 256;  // direct-mapped
   struct Entry {
     bool valid = false;
-    MemoKey key;
+    uint64_t generation = 0;
+    std::vector<const void*> shards;  // headers of the shards searched, in order
+    int32_t len = 0, max_depth = 0, max_samples = 0;
+    uint32_t q0 = 0, q1 = 0;
     uint64_t total = 0;
     CandidateTrie trie;
   };

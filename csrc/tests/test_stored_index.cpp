@@ -155,7 +155,7 @@ TEST(stored_index_min_tokens_and_none) {
   sssd_test::build_file(dir.file("small.sssd"), docs, 5);  // default: below 65,536 tokens, no index
   for (const char* name : {"none.sssd", "small.sssd"}) {
     sssd::Datastore ds(dir.file(name));
-    CHECK_EQ(ds.header().flags, 0u);
+    CHECK_EQ(ds.header().flags & sssd::kFlagSearchIndex, 0u);
     CHECK_EQ(ds.header().index_offset, 0u);
     CHECK_EQ(sssd::stored_index_stride(ds.view()), 0u);
   }

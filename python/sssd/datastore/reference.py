@@ -52,7 +52,8 @@ HEADER_FIELDS = (
     ("index_offset", "Q"),  # the optional stored search index (flags bit 0); 0 without one
     ("index_bytes", "Q"),
     ("index_checksum", "Q"),
-    ("reserved", "16s"),
+    ("content_checksum", "Q"),  # flags bit 1: checksum of the sections (csrc/core/datastore_format.h)
+    ("reserved", "8s"),
     ("header_checksum", "Q"),
 )
 HEADER_STRUCT = struct.Struct("<" + "".join(code for _, code in HEADER_FIELDS))
@@ -79,6 +80,20 @@ def pack_header(fields: dict[str, Any], *, reseal: bool = True) -> bytes:
     if reseal:
         raw = raw[:-8] + struct.pack("<Q", fnv1a64(raw[:-8]))
     return raw
+
+
+FLAG_SEARCH_INDEX = 1
+FLAG_CONTENT_CHECKSUM = 2
+
+
+def without_content_checksum(raw: bytes) -> bytes:
+    """The file ``raw`` as a build without a content checksum (an older build) would have written it:
+    the flag and the field cleared, the header resealed. Lets tests reach the structure checks that a
+    checksum mismatch would otherwise preempt."""
+    h = unpack_header(raw)
+    h["flags"] &= ~FLAG_CONTENT_CHECKSUM
+    h["content_checksum"] = 0
+    return pack_header(h) + bytes(raw[HEADER_BYTES:])
 
 
 def token_width(vocab_size: int) -> int:

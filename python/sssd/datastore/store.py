@@ -16,6 +16,7 @@ import numpy as np
 
 from sssd import _core
 from sssd._core import DatastoreError
+from sssd.checks import check_fields, check_int
 from sssd.datastore.fingerprint import MAX_FINGERPRINT_BYTES, same_vocabulary, tokenizer_fingerprint
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -37,12 +38,15 @@ class SearchConfig:
     max_samples: int = 100  # occurrences read per suffix, spread evenly over its range
     max_depth: int = 8  # tokens of continuation per occurrence
 
+    def __post_init__(self) -> None:
+        check_fields(self)  # ints, not bools or floats (ranges are checked natively)
+
     def native(self) -> Any:
         try:
             return _core.SearchParams(
                 self.max_query_len, self.min_query_len, self.min_occurrences, self.max_samples, self.max_depth
             )
-        except TypeError as e:  # negative values do not fit the unsigned/int32 fields
+        except ValueError as e:
             raise ValueError(f"invalid SearchConfig {self}: {e}") from None
 
 
@@ -219,6 +223,7 @@ class Datastore:
 
     def document(self, k: int) -> np.ndarray:
         """Token ids of document k (over all shards, in shard order). [len] int32."""
+        k = check_int(k, "k")
         if not 0 <= k < self.num_documents:
             raise IndexError(f"document {k} out of range [0, {self.num_documents})")
         shard = int(np.searchsorted(self._doc_starts, k, side="right")) - 1
@@ -342,8 +347,10 @@ def build_datastore(
         raise IsADirectoryError(f"{out} is a directory; give a file path for the datastore")
     if not out.parent.exists():
         raise FileNotFoundError(f"directory {out.parent} does not exist")
-    if chunk_tokens < 1:
+    if check_int(chunk_tokens, "chunk_tokens") < 1:
         raise ValueError("chunk_tokens must be >= 1")
+    if not isinstance(force_sa64, bool):
+        raise TypeError(f"force_sa64 must be a bool, got {force_sa64!r}")
     if search_index not in (None, True, False):
         raise ValueError(f"search_index must be None, True or False, got {search_index!r}")
     if isinstance(index_stride, bool) or not isinstance(index_stride, (int, np.integer)):

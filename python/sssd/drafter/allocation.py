@@ -21,6 +21,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from sssd import _core
+from sssd.checks import check_int, check_real, int_array
 
 
 def greedy_sequence(
@@ -33,14 +34,25 @@ def greedy_sequence(
 ) -> np.ndarray:
     """Non-root node indices in best-first order. parents [n] (parents[0] = -1, parents[i] < i), f [n],
     depth [n]; at most ``cap`` nodes, depth <= max_depth, at most max_width per depth (0: no limit)."""
+    i32 = (np.iinfo(np.int32).min, np.iinfo(np.int32).max)
     return _core.select_sequence(
-        np.ascontiguousarray(parents, dtype=np.int32),
-        np.ascontiguousarray(f, dtype=np.float64),
-        np.ascontiguousarray(depth, dtype=np.int32),
-        int(cap),
-        int(max_depth),
-        int(max_width),
+        int_array(parents, "parents", lo=-1, hi=i32[1]).astype(np.int32),
+        _reals(f, "f"),
+        int_array(depth, "depth", lo=0, hi=i32[1]).astype(np.int32),
+        check_int(cap, "cap", lo=i32[0], hi=i32[1]),
+        check_int(max_depth, "max_depth", lo=i32[0], hi=i32[1]),
+        check_int(max_width, "max_width", lo=i32[0], hi=i32[1]),
     )
+
+
+def _reals(x: Sequence[float] | np.ndarray, name: str) -> np.ndarray:
+    """A 1-D float64 array of real numbers (NaN allowed: it orders after every number)."""
+    arr = np.asarray(x)
+    if arr.size and (arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.number)):
+        raise TypeError(f"{name} must hold real numbers, got dtype {arr.dtype}")
+    if np.iscomplexobj(arr):
+        raise TypeError(f"{name} must hold real numbers, got complex values")
+    return np.ascontiguousarray(arr, dtype=np.float64).reshape(-1)
 
 
 def _tpot_array(tpot: Sequence[float | None] | None, b: int) -> np.ndarray | None:
@@ -63,14 +75,17 @@ def allocate(
 ) -> np.ndarray:
     """The tree taking each rank 0, 1, ... (at most ``budget``). seq_f[i]: tree i's f values in greedy
     order (non-increasing). tpot: seconds per token per tree (None: no target); step_time, slack: seconds."""
-    if budget < 0:
-        raise ValueError(f"budget must be >= 0, got {budget}")
-    arrays = [np.ascontiguousarray(x, dtype=np.float64).reshape(-1) for x in seq_f]
+    budget = check_int(budget, "budget", lo=0)
+    arrays = [_reals(x, f"seq_f[{i}]") for i, x in enumerate(seq_f)]
     for i, a in enumerate(arrays):
         if np.any(np.diff(a) > 0):
             raise ValueError(f"seq_f[{i}] must be non-increasing (a greedy sequence)")
     return _core.allocate_budget(
-        arrays, int(budget), _tpot_array(tpot, len(arrays)), float(step_time), float(slack)
+        arrays,
+        budget,
+        _tpot_array(tpot, len(arrays)),
+        check_real(step_time, "step_time"),
+        check_real(slack, "slack"),
     )
 
 

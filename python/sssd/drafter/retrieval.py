@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from sssd import _core
+from sssd.checks import check_bool, check_fields, check_int, check_real, int_array
 from sssd.datastore.store import Datastore
 from sssd.drafter.calibration import CalibrationTable, PathLike, default_table
 
@@ -65,9 +66,10 @@ class DrafterConfig:
     calibration_max_prior_weight: float = 200.0  # caps the table's weights so online data can move it
     step_time: float = 0.02  # seconds; estimated step time L for SLO-aware allocation
     slo_slack: float = 0.0  # seconds; slack epsilon for SLO-aware allocation
-    vocab_size: int = 0  # token ids must be below this (0: the datastore's, or unchecked)
+    vocab_size: int = 0  # token ids must be below this: the model's vocabulary (0: unchecked)
 
     def __post_init__(self) -> None:
+        check_fields(self)  # a bool or float is not an int, NaN is not a number
         if not 1 <= self.max_depth <= 64:
             raise ValueError(f"max_depth must be in [1, 64], got {self.max_depth}")
         if self.max_width < 0 or self.max_tree_nodes < 0 or self.pool_max_tokens < 0 or self.vocab_size < 0:
@@ -83,6 +85,7 @@ class DrafterConfig:
             "step_time",
             "slo_slack",
             "calibration_max_prior_weight",
+            "online_calibration",
         ):
             d.pop(k)
         d["calibrated"] = self.calibration is not None
@@ -193,6 +196,20 @@ def _tokens(x: Any, what: str) -> np.ndarray:
     return arr.astype(np.int32)
 
 
+def is_scalar_budget(budget: Any) -> bool:
+    """A global budget (one number) rather than one per request; a bool or float is checked as one."""
+    return isinstance(budget, (int, float, np.number, np.bool_))
+
+
+def _request_ids(rids: Any) -> np.ndarray:
+    """[B] int64 request ids from a sequence or an array of ints (floats and bools are a TypeError)."""
+    if type(rids) is np.ndarray and rids.dtype == np.int64 and rids.ndim == 1:
+        return rids  # the engine's own arrays: nothing to convert or check
+    if isinstance(rids, (str, bytes)) or is_scalar_budget(rids):
+        raise TypeError(f"rids must be a sequence of ints, got {type(rids).__name__}")
+    return int_array(rids if isinstance(rids, np.ndarray) else list(rids), "rids")
+
+
 def _calibration(spec: Any) -> CalibrationTable | None:
     if spec is None or isinstance(spec, CalibrationTable):
         return spec
@@ -213,39 +230,41 @@ class Drafter:
         self.datastore = datastore  # keeps the memory maps alive
         shards = list(datastore.shards) if datastore is not None else []
         cfg = self.config
-        if datastore is not None and cfg.vocab_size and cfg.vocab_size > datastore.vocab_size:
-            raise ValueError(f"vocab_size {cfg.vocab_size} exceeds the datastore's {datastore.vocab_size}")
+        # A datastore with a smaller vocabulary than cfg.vocab_size (the model's) is fine: tokens past it
+        # never match there, the request's own tokens and the pool still draft them.
         self._native = _core.Drafter(shards, cfg.native())
         table = _calibration(cfg.calibration)
         if table is not None:
             self._native.set_calibration(table.native(cfg.calibration_max_prior_weight))
 
     # ---- requests ----
+    # Request ids are ints (a bool or a float is a TypeError: 1.7 is not request 1).
     def add_request(self, rid: int, prompt_ids: Any) -> None:
         """Start a request. ValueError for an empty prompt, a duplicate id or ids outside the vocabulary."""
-        self._native.add_request(int(rid), _tokens(prompt_ids, "prompt_ids"))
+        self._native.add_request(check_int(rid, "rid"), _tokens(prompt_ids, "prompt_ids"))
 
     def extend(self, rid: int, new_ids: Any) -> None:
         """Append the tokens committed by the last step (accepted + bonus). UnknownRequestError if unknown."""
-        self._native.extend(int(rid), _tokens(new_ids, "new_ids"))
+        self._native.extend(check_int(rid, "rid"), _tokens(new_ids, "new_ids"))
 
     def remove_request(self, rid: int, *, add_to_pool: bool | None = None) -> None:
         """Forget a request; by default its output (context past the prompt) joins the recent-outputs pool."""
-        pool = self.config.add_finished_to_pool if add_to_pool is None else add_to_pool
-        self._native.remove_request(int(rid), bool(pool))
+        pool = add_to_pool if add_to_pool is not None else self.config.add_finished_to_pool
+        pool = check_bool(pool, "add_to_pool")
+        self._native.remove_request(check_int(rid, "rid"), bool(pool))
 
     def add_to_pool(self, tokens: Any) -> None:
         """Add one document to the recent-outputs pool explicitly."""
         self._native.add_to_pool(_tokens(tokens, "tokens"))
 
     def has_request(self, rid: int) -> bool:
-        return bool(self._native.has_request(int(rid)))
+        return bool(self._native.has_request(check_int(rid, "rid")))
 
     def __len__(self) -> int:
         return int(self._native.num_requests())
 
     def context_length(self, rid: int) -> int:
-        return int(self._native.context_length(int(rid)))
+        return int(self._native.context_length(check_int(rid, "rid")))
 
     @property
     def pool_tokens(self) -> int:
@@ -267,24 +286,20 @@ class Drafter:
         targets, nodes first go to requests whose expected tokens per step x target fall short of
         ``step_time + slack`` (defaults from the config), then to maximize the expected accepted tokens.
         """
-        ids = np.asarray(rids if isinstance(rids, np.ndarray) else list(rids), dtype=np.int64).reshape(-1)
+        ids = _request_ids(rids)
         b = ids.shape[0]
-        per_request = not isinstance(budget, (int, np.integer))
+        per_request = not is_scalar_budget(budget)
         if per_request:
-            if isinstance(budget, (str, bytes, float)) or not isinstance(budget, (Sequence, np.ndarray)):
+            if isinstance(budget, (str, bytes)) or not isinstance(budget, (Sequence, np.ndarray)):
                 raise TypeError(f"budget must be an int or a sequence of ints, got {type(budget).__name__}")
-            budgets = np.asarray(budget, dtype=np.int64).reshape(-1)
+            budgets = int_array(budget, "budgets", lo=0)
             if budgets.shape[0] != b:
                 raise ValueError(f"got {budgets.shape[0]} per-request budgets for {b} requests")
-            if budgets.size and int(budgets.min()) < 0:
-                raise ValueError(f"budgets must be >= 0, got {budget}")
         else:
-            if budget < 0:
-                raise ValueError(f"budget must be >= 0, got {budget}")
-            budgets = np.asarray([int(budget)], dtype=np.int64)
+            budgets = np.asarray([check_int(budget, "budget", lo=0)], dtype=np.int64)
         tpot = self._slo(slo, b)
-        st = self.config.step_time if step_time is None else float(step_time)
-        sl = self.config.slo_slack if slack is None else float(slack)
+        st = self.config.step_time if step_time is None else check_real(step_time, "step_time")
+        sl = self.config.slo_slack if slack is None else check_real(slack, "slack")
         if not (st > 0 and sl >= 0):
             raise ValueError("step_time must be > 0 and slack >= 0")
         out = self._native.propose(ids, budgets, per_request, tpot, st, sl)
@@ -294,10 +309,10 @@ class Drafter:
     def _slo(slo: Any, b: int) -> np.ndarray | None:
         if slo is None:
             return None
-        if isinstance(slo, (int, float, np.number)):
-            vals = [float(slo)] * b
+        if isinstance(slo, (int, float, np.number, np.bool_)):
+            vals = [check_real(slo, "slo", finite=False)] * b
         else:
-            vals = [math.nan if x is None else float(x) for x in slo]
+            vals = [math.nan if x is None else check_real(x, "slo", finite=False) for x in slo]
             if len(vals) != b:
                 raise ValueError(f"got {len(vals)} SLO targets for {b} requests")
         arr = np.asarray(vals, dtype=np.float64)
@@ -312,10 +327,10 @@ class Drafter:
         observed earlier are recorded at the next ``extend``). Trees of removed requests are ignored.
         Returns the number of trees recorded now.
         """
-        ids = np.asarray(list(rids), dtype=np.int64).reshape(-1)
+        ids = _request_ids(rids)
         if ids.shape != batch.request_ids.shape or np.any(ids != batch.request_ids):
             raise ValueError("rids must be the request ids the batch was proposed for, in order")
-        acc = np.asarray(accepted_counts, dtype=np.int64).reshape(-1)
+        acc = int_array(np.reshape(accepted_counts, -1), "accepted_counts", lo=0)
         if acc.shape[0] != ids.shape[0]:
             raise ValueError(f"got {acc.shape[0]} accepted counts for {ids.shape[0]} trees")
         arrays = {

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sssd.checks import check_fields
 from sssd.policy.admission import Candidate, RunningState, admit_with_slo, expected_remaining
 from sssd.policy.cost_model import CostModel, StepSample
 from sssd.policy.goodput import (
@@ -77,6 +78,7 @@ class BudgetConfig:
     length_samples: int = 8  # finished requests needed before their lengths predict the running ones'
 
     def __post_init__(self) -> None:
+        check_fields(self)  # budget=True or NaN fails here, not later in the engine
         if self.mode not in MODES:
             raise ValueError(f"budget mode must be one of {MODES}, got {self.mode!r}")
         if self.budget < 0:
