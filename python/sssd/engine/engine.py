@@ -277,7 +277,9 @@ class Engine:
             st.forward_time += t2 - t1
             if self.drafter is not None and not req.finish_reason:
                 self.drafter.extend(req.rid, np.asarray(kept, dtype=np.int32))
-            events.append(StreamEvent(req.rid, kept, "", req.finish_reason is not None, req.finish_reason))
+            events.append(
+                StreamEvent(req.rid, kept, req.take_text(), req.finish_reason is not None, req.finish_reason)
+            )
         if batch is not None and hasattr(self.drafter, "observe"):
             self.drafter.observe(rids, batch, np.asarray(accepted, dtype=np.int64))
         events = self._retire(events)
@@ -310,17 +312,46 @@ class Engine:
             if not req.finish_reason:
                 continue
             res = req.result()
-            out[slot] = StreamEvent(req.rid, events[slot].tokens, "", True, req.finish_reason, res)
+            e = events[slot]
+            out[slot] = StreamEvent(req.rid, e.tokens, e.text, True, req.finish_reason, res)
             self._finished[req.rid] = res
-            if self.drafter is not None:
-                self.drafter.remove_request(req.rid)
-            if hasattr(self.policy, "remove_request"):  # per-request state of the budget policy
-                self.policy.remove_request(req.rid)
-            moved = self.adapter.cache.remove(slot)
-            if moved is not None:
-                self._active[slot] = self._active[moved]
-            self._active.pop()
+            self._release(slot)
         return out
+
+    def _release(self, slot: int) -> None:
+        """Free a request's slot: its drafter and policy state, its cache rows (the last slot moves here)."""
+        req = self._active[slot]
+        if self.drafter is not None:
+            self.drafter.remove_request(req.rid)
+        if hasattr(self.policy, "remove_request"):  # per-request state of the budget policy
+            self.policy.remove_request(req.rid)
+        moved = self.adapter.cache.remove(slot)
+        if moved is not None:
+            self._active[slot] = self._active[moved]
+        self._active.pop()
+
+    def abort(self, rid: int) -> GenerationResult:
+        """Stop a request, queued or running: its slot, cache rows and drafter state are freed at once.
+        Returns its partial result with ``finish_reason="abort"`` (tokens and text generated so far). A
+        request that already finished keeps its result, which is returned (and no longer kept). Raises
+        ``KeyError`` for an id this engine does not know."""
+        for req in self._waiting:
+            if req.rid == rid:
+                self._waiting.remove(req)
+                return self._aborted(req)
+        for slot, req in enumerate(self._active):
+            if req.rid == rid:
+                self._release(slot)
+                return self._aborted(req)
+        if rid in self._finished:
+            return self._finished.pop(rid)
+        raise KeyError(f"unknown request id {rid!r}: not queued, running or finished in this engine")
+
+    @staticmethod
+    def _aborted(req: Request) -> GenerationResult:
+        req.finish_reason = "abort"
+        req.finish_text()
+        return req.result()
 
     # -- convenience ---------------------------------------------------------------------------------
     def _add_all(
@@ -357,27 +388,30 @@ class Engine:
     def stream(
         self, prompts: Any, params: SamplingParams | None = None, *, budget: int | None = None, **kw: Any
     ) -> Iterator[StreamEvent]:
-        """Like ``generate`` but yields a StreamEvent (with text deltas) whenever tokens are accepted."""
+        """Like ``generate`` but yields a StreamEvent (with its text delta) whenever tokens are accepted.
+        Closing the iterator early (``break``, ``.close()``, garbage collection) aborts its unfinished
+        requests, so they stop using the batch."""
         rids = self._add_all(prompts, params, budget, kw)
-        texts = dict.fromkeys(rids, "")
-        toks: dict[int, list[int]] = {r: [] for r in rids}
         pending = set(rids)
-        while pending:
-            for e in self.step():
-                if e.request_id not in pending:
-                    continue
-                toks[e.request_id].extend(e.tokens)
-                text = (
-                    self.tokenizer.decode(toks[e.request_id], skip_special_tokens=True)
-                    if self.tokenizer
-                    else ""
-                )
-                delta, texts[e.request_id] = text[len(texts[e.request_id]) :], text
-                if e.finished:
-                    pending.discard(e.request_id)
-                    self._finished.pop(e.request_id, None)
-                if e.tokens or e.finished:
-                    yield StreamEvent(e.request_id, e.tokens, delta, e.finished, e.finish_reason, e.result)
+        try:
+            while pending:
+                for e in self.step():
+                    if e.request_id not in pending:
+                        continue
+                    if e.finished:
+                        pending.discard(e.request_id)
+                        self._finished.pop(e.request_id, None)
+                    if e.tokens or e.finished:
+                        yield e
+        finally:  # the consumer stopped early (closed, broke out, was collected) or a step raised
+            for rid in pending:
+                self._abort_quietly(rid)
+
+    def _abort_quietly(self, rid: int) -> None:
+        try:
+            self.abort(rid)
+        except KeyError:
+            pass
 
 
 def _default_policy(config: EngineConfig) -> Any:

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from sssd.engine.detokenize import IncrementalDetokenizer
 from sssd.engine.sampling import SamplingParams
 
 
@@ -39,13 +40,14 @@ class GenerationResult:
     prompt_tokens: list[int]
     tokens: list[int]  # generated tokens (the EOS / stop-completing token included)
     text: str
-    finish_reason: str  # "eos" | "length" | "stop" | "context"
+    finish_reason: str  # "eos" | "length" | "stop" | "context" | "abort"
     stats: RequestStats
 
 
 @dataclass(frozen=True)
 class StreamEvent:
-    """Tokens of one request accepted in one step."""
+    """Tokens of one request accepted in one step, and the text they added (incrementally detokenized:
+    the texts of a request's events concatenate to its result's text)."""
 
     request_id: int
     tokens: list[int]  # new tokens
@@ -93,11 +95,17 @@ class Request:
     stats: RequestStats = field(default_factory=RequestStats)
     finish_reason: str | None = None
     rng: np.random.Generator | None = None
-    _text_len: int = 0
+    _detok: IncrementalDetokenizer | None = field(default=None, repr=False)
+    _new_text: list[str] = field(default_factory=list, repr=False)
+    _text_done: bool = False
+    _stop_len: int = 0
 
     def __post_init__(self) -> None:
         if not self.params.greedy:
             self.rng = np.random.default_rng(self.params.seed)
+        if self.tokenizer is not None:
+            self._detok = IncrementalDetokenizer(self.tokenizer)
+        self._stop_len = max((len(s) for s in self.params.stop), default=0)
 
     @property
     def last_token(self) -> int:
@@ -113,13 +121,16 @@ class Request:
         return min(self.params.max_new_tokens - len(self.output), self.max_context - self.context_len)
 
     def append(self, new: list[int]) -> list[int]:
-        """Add a step's tokens; applies EOS, max_new_tokens, context and stop strings (tokens after a stop
-        are dropped). Returns the tokens kept."""
+        """Add a step's tokens; applies stop strings, EOS, max_new_tokens and the context limit (tokens
+        after the one that finishes the request are dropped). Returns the tokens kept. With a tokenizer the
+        text grows incrementally (``take_text`` hands out what is new)."""
         kept: list[int] = []
         for t in new:
             kept.append(int(t))
             self.output.append(int(t))
-            if t in self.eos:
+            if self._detok is not None and self._grow_text():
+                self.finish_reason = "stop"  # a stop string wins over EOS / length at the same token
+            elif t in self.eos:
                 self.finish_reason = "eos"
             elif len(self.output) >= self.params.max_new_tokens:
                 self.finish_reason = "length"
@@ -127,36 +138,44 @@ class Request:
                 self.finish_reason = "context"
             if self.finish_reason:
                 break
-        if self.params.stop and self.tokenizer is not None:
-            cut = self._stop_cut(len(self.output) - len(kept))
-            if cut is not None:
-                drop = len(self.output) - cut
-                del self.output[cut:]
-                kept = kept[: len(kept) - drop]
-                self.finish_reason = "stop"
+        if self.finish_reason:
+            self.finish_text()
         self.stats.tokens = len(self.output)
         return kept
 
-    def _stop_cut(self, before: int) -> int | None:
-        """Smallest output length > ``before`` whose text contains a stop string, if any."""
-        longest = max(len(s) for s in self.params.stop)
-        text = self.text()
-        start = max(0, self._text_len - longest - 8)
-        if not any(s in text[start:] for s in self.params.stop):
-            self._text_len = len(text)
-            return None
-        for k in range(before + 1, len(self.output) + 1):
-            if any(
-                s in self.tokenizer.decode(self.output[:k], skip_special_tokens=True)
-                for s in self.params.stop
-            ):
-                return k
-        return None
+    def _grow_text(self) -> bool:
+        """Detokenize the newest token; True when the text now contains a stop string. Only the last
+        characters are searched (a stop string that completes now ends in them), so the cost does not grow
+        with the output."""
+        detok = self._detok
+        before = detok.tail(self._stop_len - 1) if self._stop_len else ""
+        delta = detok.push(self.output)
+        if delta:
+            self._new_text.append(delta)
+        if not self._stop_len:
+            return False
+        window = before + delta + detok.pending
+        return any(s in window for s in self.params.stop)
+
+    def finish_text(self) -> None:
+        """Flush the text of a finished request (an incomplete last character as the tokenizer decodes it)."""
+        if self._detok is not None and not self._text_done:
+            delta = self._detok.finish(self.output)
+            if delta:
+                self._new_text.append(delta)
+            self._text_done = True
+
+    def take_text(self) -> str:
+        """The text added since the last call."""
+        if not self._new_text:
+            return ""
+        out = "".join(self._new_text)
+        self._new_text.clear()
+        return out
 
     def text(self) -> str:
-        if self.tokenizer is None:
-            return ""
-        return self.tokenizer.decode(self.output, skip_special_tokens=True)
+        """The output's text so far (complete once the request finished)."""
+        return "" if self._detok is None else self._detok.text
 
     def result(self) -> GenerationResult:
         return GenerationResult(
