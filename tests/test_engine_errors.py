@@ -11,8 +11,7 @@ import torch
 import transformers
 from sssd.engine.engine import Engine, EngineConfig
 from sssd.engine.sampling import SamplingParams
-from sssd.engine.trees import MalformedDraftError
-from tiny_models import VOCAB, TinyTokenizer, tiny_model
+from tiny_models import VOCAB, TinyTokenizer, hf_greedy, tiny_model
 from torch import nn
 from toy_drafters import ToyBatch, ToyDrafter, TreeBuilder, pack
 
@@ -191,10 +190,18 @@ def _set(name, index, value):
         (lambda b: replace(b, tokens=b.tokens.astype(np.float32)), "integer"),
     ],
 )
-def test_malformed_draft_trees(breaker, match):
+def test_malformed_draft_trees(breaker, match, caplog):
+    """A malformed batch is the drafter's fault: the step decodes without speculation (same tokens), the
+    error is counted and logged once with the problem named."""
+    prompts = [[9, 3, 4], [2, 8]]
+    want = [hf_greedy(tiny_model("llama"), p, 5) for p in prompts]
     e = Engine(tiny_model("llama"), drafter=BadDrafter(breaker), config=EngineConfig(budget=8))
-    with pytest.raises(MalformedDraftError, match=match):
-        e.generate([[9, 3, 4], [2, 8]], max_new_tokens=5, eos_token_ids=())
+    with caplog.at_level("WARNING", logger="sssd.engine"):
+        got = e.generate(prompts, max_new_tokens=5, eos_token_ids=())
+    assert [r.tokens for r in got] == want
+    assert e.stats.drafter_errors >= 1 and e.stats.nodes == 0
+    warnings = [r.getMessage() for r in caplog.records if r.name == "sssd.engine"]
+    assert len(warnings) == 1 and "MalformedDraftError" in warnings[0] and match in warnings[0]
 
 
 def test_drafter_without_the_contract_methods():

@@ -229,4 +229,4 @@ def test_an_abandoned_stream_leaves_nothing_running(how):
     steps_before = engine.stats.steps
     (res,) = engine.generate([30, 5, 6], max_new_tokens=10, eos_token_ids=())
     assert len(res.tokens) == 10
-    assert all(t.batch_size == 1 for t in engine.stats.history[steps_before:])
+    assert all(t.batch_size == 1 for t in list(engine.stats.history)[steps_before:])

@@ -28,6 +28,7 @@ scratch tail); ``commit`` then gathers the accepted nodes into place for all lay
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from dataclasses import dataclass, field
@@ -185,17 +186,22 @@ class ModelAdapter:
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
         _register()
+        own = getattr(config, "_attn_implementation", None)
         try:
             model.set_attn_implementation(ATTENTION_NAME)
+            uses_interface = getattr(config, "_attn_implementation", None) == ATTENTION_NAME
         except Exception as e:
             raise ValueError(
                 f"{cls} cannot switch its attention implementation to '{ATTENTION_NAME}': {e}"
             ) from e
-        if getattr(config, "_attn_implementation", None) != ATTENTION_NAME:
+        finally:  # the model keeps its own attention outside the engine's forwards
+            if own is not None and own != ATTENTION_NAME:
+                model.set_attn_implementation(own)
+        if not uses_interface:
             raise ValueError(
                 f"{cls} does not use transformers' AttentionInterface, so sssd cannot replace its attention"
             )
-        self.model = model.eval()
+        self.model = model
         self.model_class = cls
         self.prefill_chunk = prefill_chunk
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -242,12 +248,32 @@ class ModelAdapter:
         input_ids = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)).to(dev).unsqueeze(0)
         position_ids = torch.from_numpy(np.ascontiguousarray(pos, dtype=np.int64)).to(dev).unsqueeze(0)
         kw = dict(input_ids=input_ids, position_ids=position_ids, use_cache=False, sssd_step=ctx)
-        with torch.inference_mode():
+        with torch.inference_mode(), self._engine_mode():
             if mode == "logits" or (mode == "none" and self._base is None):
                 out = self.model(**kw, logits_to_keep=0 if mode == "logits" else 1)
                 return out.logits[0] if mode == "logits" else None
             hidden = self._base(**kw).last_hidden_state[0]
         return hidden if mode == "hidden" else None
+
+    @contextlib.contextmanager
+    def _engine_mode(self):
+        """The engine's attention and eval mode for one forward; the model's own (whatever the user set
+        meanwhile, e.g. ``set_attn_implementation("sdpa")`` or ``train()``) is restored after it, so the
+        model behaves as before outside the engine (~50 µs per forward for the two switches)."""
+        model, config = self.model, self.model.config
+        own = getattr(config, "_attn_implementation", None)
+        training = model.training
+        if own != ATTENTION_NAME:
+            model.set_attn_implementation(ATTENTION_NAME)
+        if training:
+            model.eval()
+        try:
+            yield
+        finally:
+            if training:
+                model.train()
+            if own is not None and own != ATTENTION_NAME:
+                model.set_attn_implementation(own)
 
     def _probe(self) -> None:
         """Tiny forwards on a scratch slot: every layer must call our attention exactly once; and the

@@ -25,7 +25,9 @@ or ``FixedBudget(config.budget, config.per_request_budget)``. A request's own ``
 
 from __future__ import annotations
 
+import logging
 import time
+import weakref
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -34,11 +36,14 @@ from typing import Any
 import numpy as np
 
 from sssd.engine.adapter import ATTENTION_BACKENDS, ModelAdapter
+from sssd.engine.recovery import DrafterGuard, repair_batch
 from sssd.engine.requests import GenerationResult, Request, StreamEvent, as_prompt_ids
 from sssd.engine.sampling import SamplingParams, as_params, eos_defaults
 from sssd.engine.trees import split_batch
 from sssd.engine.verify import verify_step
 from sssd.policy.interface import AdmitView, FixedBudget, StepTiming, StepView
+
+log = logging.getLogger("sssd.engine")
 
 
 @dataclass(frozen=True)
@@ -58,9 +63,10 @@ class EngineConfig:
     # torch SDPA), "sdpa", "packed" (kernel, or its float64 reference where it cannot run) or "emulated"
     # (the kernel's host emulation; tests). See sssd.engine.adapter.
     attention: str = "auto"
+    history_size: int = 1024  # StepTimings kept in EngineStats.history (the most recent steps)
 
     def __post_init__(self) -> None:
-        for name in ("budget", "max_batch_size", "prefill_chunk", "initial_cache_rows"):
+        for name in ("budget", "max_batch_size", "prefill_chunk", "initial_cache_rows", "history_size"):
             v = getattr(self, name)
             low = 0 if name == "budget" else 1
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
@@ -88,7 +94,11 @@ class EngineStats:
     verify_time: float = 0.0
     prefill_time: float = 0.0
     step_time: float = 0.0
-    history: list[StepTiming] = field(default_factory=list, repr=False)
+    drafter_errors: int = 0  # exceptions raised by the drafter (its requests drafted nothing meanwhile)
+    request_errors: int = 0  # requests finished with finish_reason="error" (their own input failed)
+    recovered: int = 0  # requests whose KV cache rows were rebuilt after a step was interrupted
+    # the most recent steps (EngineConfig.history_size of them); the totals above cover every step
+    history: deque[StepTiming] = field(default_factory=lambda: deque(maxlen=1024), repr=False)
 
 
 class Engine:
@@ -114,6 +124,7 @@ class Engine:
             for m in ("add_request", "extend", "propose", "remove_request"):
                 if not callable(getattr(drafter, m, None)):
                     raise TypeError(f"drafter {type(drafter).__name__} has no {m}() method")
+            _bind(drafter, self)
             ds = getattr(drafter, "datastore", None)
             if ds is not None:
                 if tokenizer is not None and hasattr(ds, "check_tokenizer"):
@@ -124,7 +135,8 @@ class Engine:
                     )
         self.policy = self.config.policy or _default_policy(self.config)
         self.default_eos = eos_defaults(model, tokenizer)
-        self.stats = EngineStats()
+        self.stats = EngineStats(history=deque(maxlen=self.config.history_size))
+        self._guard = DrafterGuard(drafter) if drafter is not None else None
         self._waiting: deque[Request] = deque()
         self._active: list[Request] = []  # index = cache slot
         self._finished: dict[int, GenerationResult] = {}
@@ -175,17 +187,15 @@ class Engine:
         if not self._waiting or free <= 0:
             return 0.0
         chosen = self._admission(free)
-        ids = {r.rid for r in chosen}
-        self._waiting = deque(r for r in self._waiting if r.rid not in ids)
         t_start = time.perf_counter()
         for req in chosen:
             t0 = time.perf_counter()
-            slot = self.adapter.cache.add()
-            assert slot == len(self._active)
+            slot = self.adapter.cache.add(req.rid)
             self._active.append(req)
+            self._waiting.remove(req)  # only now: an interrupt before this leaves it queued, not lost
             self.adapter.prefill(slot, req.prompt[:-1])  # the last prompt token is the first step's root
-            if self.drafter is not None:
-                self.drafter.add_request(req.rid, req.prompt.astype(np.int32))
+            if self._guard is not None:
+                self._guard.add(req)
             req.stats.prefill_time = time.perf_counter() - t0
             self.stats.prefill_time += req.stats.prefill_time
         if not chosen:
@@ -234,7 +244,11 @@ class Engine:
         return plan if isinstance(plan, list) else int(plan)
 
     def step(self) -> list[StreamEvent]:
-        """Run one step for every active request (admitting waiting ones first). Returns the events."""
+        """Run one step for every active request (admitting waiting ones first). Returns the events.
+
+        Anything that escapes a step (an exception, ``KeyboardInterrupt``) leaves the engine resumable: the
+        next step first repairs the batch from the requests' tokens (see ``sssd.engine.recovery``)."""
+        self._recover()
         stall = self._admit()
         reqs = self._active
         if not reqs:
@@ -242,46 +256,35 @@ class Engine:
         t0 = time.perf_counter()
         plan = self._plan()
         rids = [r.rid for r in reqs]
-        last = [r.last_token for r in reqs]
-        max_depth = [r.remaining - 1 for r in reqs]
-        batch = None
-        if self.drafter is not None and (plan if isinstance(plan, int) else sum(plan)) > 0:
-            # optional hooks of the budget policy: extra propose arguments (SLO targets and the predicted
-            # step time) and the choice of how much of the proposed batch to keep
-            kwargs = getattr(self.policy, "propose_kwargs", None)
-            batch = self.drafter.propose(rids, budget=plan, **(kwargs(self._view) if kwargs else {}))
-            select = getattr(self.policy, "select", None)
-            if select is not None and isinstance(plan, int):  # a global budget: the policy may cut it
-                batch = select(self._view, batch)
-            trees = split_batch(batch, last, self.vocab_size, max_depth)
-        else:
-            trees = split_batch(_RootsOnly(last), last, self.vocab_size, max_depth)
+        trees, batch, drafted = self._draft(reqs, plan)
         t1 = time.perf_counter()
         context_tokens = int(self.adapter.cache.lengths.sum())
         output = self.adapter.forward_trees([t for t, _ in trees])
         self.adapter.synchronize()  # GPU: the forward's time, not its launch time (verify waits anyway)
         t2 = time.perf_counter()
-        draft_probs = getattr(batch, "draft_probs", None) if batch is not None else None
+        # draft distributions index the whole batch: usable when every request drafted (else plain
+        # acceptance, lossless for any draft)
+        draft_probs = getattr(batch, "draft_probs", None) if len(drafted) == len(reqs) else None
         paths, bonus = verify_step(output, trees, reqs, draft_probs)
         self.adapter.commit(paths)
         events, accepted = [], []
         for req, (tree, _), path, b in zip(reqs, trees, paths, bonus, strict=True):
             a = len(path) - 1
             accepted.append(a)
-            kept = req.append([*tree.tokens[path[1:]].tolist(), b])
+            kept = self._append(req, [*tree.tokens[path[1:]].tolist(), b])
             st = req.stats
             st.steps += 1
             st.accepted += a
             st.draft_nodes += len(tree.tokens) - 1
             st.draft_time += t1 - t0
             st.forward_time += t2 - t1
-            if self.drafter is not None and not req.finish_reason:
-                self.drafter.extend(req.rid, np.asarray(kept, dtype=np.int32))
+            if self._guard is not None and not req.finish_reason:
+                self._guard.extend(req, kept)
             events.append(
                 StreamEvent(req.rid, kept, req.take_text(), req.finish_reason is not None, req.finish_reason)
             )
-        if batch is not None and hasattr(self.drafter, "observe"):
-            self.drafter.observe(rids, batch, np.asarray(accepted, dtype=np.int64))
+        if batch is not None:
+            self._guard.observe([rids[i] for i in drafted], batch, [accepted[i] for i in drafted])
         events = self._retire(events)
         t3 = time.perf_counter()
         for req in reqs:
@@ -300,9 +303,85 @@ class Engine:
         s.forward_time += t2 - t1
         s.verify_time += t3 - t2
         s.step_time += t3 - t0
+        s.drafter_errors = self._guard.error_count if self._guard is not None else 0
         s.history.append(timing)
         self.policy.observe(timing)
         return events
+
+    def _draft(self, reqs: list[Request], plan: int | list[int]) -> tuple[list, Any, list[int]]:
+        """The step's trees (one per request, roots only where nothing is drafted), the drafter's batch
+        (or None) and the indexes of the requests it covers. Requests whose drafter state is out of sync
+        with their tokens draft nothing; a failing drafter costs the step its speculation, not its tokens."""
+        last = [r.last_token for r in reqs]
+        max_depth = [r.remaining - 1 for r in reqs]
+        idx: list[int] = []
+        if self._guard is not None and (plan if isinstance(plan, int) else sum(plan)) > 0:
+            self._guard.sync(reqs)
+            idx = [i for i, r in enumerate(reqs) if r.drafted == r.context_len]
+        trees: list[Any] = [None] * len(reqs)
+        batch = None
+        if idx:
+            sub = [reqs[i] for i in idx]
+            view = self._view if len(idx) == len(reqs) else _view_of(sub)
+            budget = plan if isinstance(plan, int) else [plan[i] for i in idx]
+            # optional hooks of the budget policy: extra propose arguments (SLO targets and the predicted
+            # step time) and the choice of how much of the proposed batch to keep
+            kwargs = getattr(self.policy, "propose_kwargs", None)
+            batch = self._guard.propose(sub, [r.rid for r in sub], budget, kwargs(view) if kwargs else {})
+            if batch is not None:
+                try:
+                    select = getattr(self.policy, "select", None)
+                    if select is not None and isinstance(plan, int):  # a global budget: it may be cut
+                        batch = select(view, batch)
+                    drafted = split_batch(batch, [last[i] for i in idx], self.vocab_size,
+                                          [max_depth[i] for i in idx])  # fmt: skip
+                except Exception as e:  # a malformed batch: the drafter's fault, not the requests'
+                    self._guard._failed("propose", e, sub)
+                    batch = None
+                else:
+                    for j, i in enumerate(idx):
+                        trees[i] = drafted[j]
+            if batch is None:
+                idx = []
+        rest = [i for i, t in enumerate(trees) if t is None]
+        if rest:
+            roots = split_batch(_RootsOnly([last[i] for i in rest]), [last[i] for i in rest],
+                                self.vocab_size, [max_depth[i] for i in rest])  # fmt: skip
+            for j, i in enumerate(rest):
+                trees[i] = roots[j]
+        return trees, batch, idx
+
+    def _append(self, req: Request, tokens: list[int]) -> list[int]:
+        """``req.append``; a request whose own input fails there (its tokenizer's decode raises) finishes
+        with ``finish_reason="error"`` and the message, keeping the tokens it has; the others go on."""
+        n = len(req.output)
+        try:
+            return req.append(tokens)
+        except Exception as e:
+            req.fail(f"{type(e).__name__}: {e}")
+            if not self.stats.request_errors:
+                log.warning(
+                    "request %d failed and finished with finish_reason='error': %s", req.rid, req.error
+                )
+            self.stats.request_errors += 1
+            return req.output[n:]
+
+    def _recover(self) -> None:
+        """Bring the batch back to its invariants after something escaped a step (see
+        ``sssd.engine.recovery``); on the fast path a few comparisons."""
+        active = self._active
+        if self._waiting and active:  # admitted while still queued (an interrupted admission)
+            running = {r.rid for r in active}
+            if any(r.rid in running for r in self._waiting):
+                self._waiting = deque(r for r in self._waiting if r.rid not in running)
+        self.stats.recovered += repair_batch(self.adapter, active)
+        if any(r.finish_reason for r in active):  # an interrupted retirement
+            for slot in range(len(active) - 1, -1, -1):
+                req = active[slot]
+                if req.finish_reason:
+                    req.finish_text()
+                    self._finished.setdefault(req.rid, req.result())
+                    self._release(slot)
 
     def _retire(self, events: list[StreamEvent]) -> list[StreamEvent]:
         """Free the slots of finished requests (highest slot first: the last slot moves into a freed one)."""
@@ -321,8 +400,8 @@ class Engine:
     def _release(self, slot: int) -> None:
         """Free a request's slot: its drafter and policy state, its cache rows (the last slot moves here)."""
         req = self._active[slot]
-        if self.drafter is not None:
-            self.drafter.remove_request(req.rid)
+        if self._guard is not None:
+            self._guard.remove(req)
         if hasattr(self.policy, "remove_request"):  # per-request state of the budget policy
             self.policy.remove_request(req.rid)
         moved = self.adapter.cache.remove(slot)
@@ -412,6 +491,31 @@ class Engine:
             self.abort(rid)
         except KeyError:
             pass
+
+
+def _view_of(reqs: list[Request]) -> StepView:
+    return StepView(
+        [r.rid for r in reqs],
+        [r.context_len for r in reqs],
+        [r.remaining for r in reqs],
+        [r.budget for r in reqs],
+    )
+
+
+def _bind(drafter: Any, engine: Engine) -> None:
+    """A drafter keeps per-request state keyed by its engine's request ids: it serves one engine."""
+    ref = getattr(drafter, "_sssd_engine", None)
+    other = ref() if ref is not None else None
+    if other is not None and other is not engine:
+        raise ValueError(
+            f"this {type(drafter).__name__} already serves another Engine; a drafter holds per-request state "
+            "keyed by its engine's request ids, so give each Engine its own drafter (drafters over the same "
+            "datastore share it: it is memory-mapped once)"
+        )
+    try:
+        drafter._sssd_engine = weakref.ref(engine)
+    except AttributeError:  # a drafter with __slots__: it cannot be marked, nothing is checked
+        pass
 
 
 def _default_policy(config: EngineConfig) -> Any:

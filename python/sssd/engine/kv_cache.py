@@ -34,6 +34,9 @@ class KVCache:
         self.shape = shape
         self.max_capacity = max_capacity
         self.lengths = np.zeros(0, dtype=np.int64)  # [num_active] committed rows per active slot
+        # [num_active] who each slot's rows belong to (the engine's request ids; -1 while rows move): the
+        # engine checks it against its batch after an exception, so a half-done move is never trusted
+        self.owners = np.zeros(0, dtype=np.int64)
         self.keys = self._alloc(max(slots, 1), capacity)
         self.values = self._alloc(max(slots, 1), capacity)
 
@@ -71,9 +74,10 @@ class KVCache:
             new[:, :n, :, :c] = old[:, :n]
             setattr(self, name, new)
 
-    def add(self) -> int:
-        """Give a new request the next slot (length 0); returns the slot index."""
+    def add(self, owner: int = -1) -> int:
+        """Give a new request (``owner``: its id) the next slot (length 0); returns the slot index."""
         self._grow(self.num_active + 1, self.capacity)
+        self.owners = np.append(self.owners[: self.num_active], owner)
         self.lengths = np.append(self.lengths, 0)
         return self.num_active - 1
 
@@ -84,13 +88,21 @@ class KVCache:
             raise IndexError(f"slot {slot} is not active (active: {self.num_active})")
         moved = None
         if slot != last:
+            self.owners[slot] = -1  # rows in flux until the move is complete
             n = int(self.lengths[last])
             self.keys[:, slot, :, :n] = self.keys[:, last, :, :n]
             self.values[:, slot, :, :n] = self.values[:, last, :, :n]
             self.lengths[slot] = self.lengths[last]
+            self.owners[slot] = self.owners[last]
             moved = last
+        self.owners = self.owners[:last].copy()
         self.lengths = self.lengths[:last].copy()
         return moved
+
+    def clear(self) -> None:
+        """Forget every slot (the storage stays allocated)."""
+        self.lengths = np.zeros(0, dtype=np.int64)
+        self.owners = np.zeros(0, dtype=np.int64)
 
     def reserve(self, rows_needed: int) -> None:
         """Make sure every slot has at least ``rows_needed`` rows. ``max_capacity`` only caps the doubling:

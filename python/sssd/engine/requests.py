@@ -40,8 +40,9 @@ class GenerationResult:
     prompt_tokens: list[int]
     tokens: list[int]  # generated tokens (the EOS / stop-completing token included)
     text: str
-    finish_reason: str  # "eos" | "length" | "stop" | "context" | "abort"
+    finish_reason: str  # "eos" | "length" | "stop" | "context" | "abort" | "error"
     stats: RequestStats
+    error: str | None = None  # finish_reason "error": what failed (e.g. the tokenizer's decode)
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,10 @@ class Request:
     _new_text: list[str] = field(default_factory=list, repr=False)
     _text_done: bool = False
     _stop_len: int = 0
+    drafted: int = -1  # tokens of this request the drafter holds (-1: none / unknown; see engine.recovery)
+    draft_failures: int = 0
+    draft_retry: int = 0  # the drafter step from which its drafter state may be rebuilt again
+    error: str | None = None
 
     def __post_init__(self) -> None:
         if not self.params.greedy:
@@ -165,6 +170,12 @@ class Request:
                 self._new_text.append(delta)
             self._text_done = True
 
+    def fail(self, message: str) -> None:
+        """Finish with ``finish_reason="error"``; the text stays what was decoded before the failure."""
+        self.finish_reason = "error"
+        self.error = message
+        self._text_done = True
+
     def take_text(self) -> str:
         """The text added since the last call."""
         if not self._new_text:
@@ -185,4 +196,5 @@ class Request:
             text=self.text(),
             finish_reason=self.finish_reason or "length",
             stats=self.stats,
+            error=self.error,
         )
