@@ -23,6 +23,7 @@ is the minimal policy; ``BudgetPolicy`` the adaptive one (the default).
 from __future__ import annotations
 
 import inspect
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -145,7 +146,8 @@ class BudgetPolicy:
         self.cost = cost_model or CostModel()
         self.acceptance = AcceptanceStats()
         self.slo: dict[int, SLOTarget] = {}
-        self.history: list[tuple[int, int]] = []  # (batch size, chosen budget) per step
+        # (batch size, chosen budget) of the most recent steps (bounded: a server runs for days)
+        self.history: deque[tuple[int, int]] = deque(maxlen=4096)
         self._requests: dict[int, _RequestStats] = {}
         self._skip = 0  # steps left without proposing
         self._backoff = 1
