@@ -68,11 +68,12 @@ class KVCache:
             if self.max_capacity is not None:
                 new_cap = max(capacity, min(new_cap, self.max_capacity))
         n, c = self.num_active, self.capacity
-        for name in ("keys", "values"):
-            old = getattr(self, name)
-            new = self._alloc(new_slots, new_cap)
-            new[:, :n, :, :c] = old[:, :n]
-            setattr(self, name, new)
+        new = []
+        for old in (self.keys, self.values):
+            t = self._alloc(new_slots, new_cap)
+            t[:, :n, :, :c] = old[:, :n]
+            new.append(t)
+        self.keys, self.values = new  # one statement: an interrupt never leaves them of different sizes
 
     def add(self, owner: int = -1) -> int:
         """Give a new request (``owner``: its id) the next slot (length 0); returns the slot index."""
