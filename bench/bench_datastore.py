@@ -271,7 +271,7 @@ def main() -> None:
     ap.add_argument(
         "--dev-contexts",
         action="store_true",
-        help="search live contexts from the dev pairs (/work/shared/data) instead of corpus positions",
+        help="search live contexts from the dev pairs (../shared/data) instead of corpus positions",
     )
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/datastore-<time>.json)")
     args = ap.parse_args()

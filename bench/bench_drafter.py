@@ -17,7 +17,7 @@ Usage (from the repository root, after tools/dev_build.sh):
     fit: two replay rounds at budget 64, identity table then the first fit), so no pair is measured
     with a table fitted on it. The single-source rows are cross-fitted too. The shipped default
     table was fitted on the even-indexed dev pairs, so that row is not held out. Compared with the
-    bar of /work/shared/data/README.md.
+    bar of ../shared/data/README.md.
 (c) The same total nodes (budget x batch) allocated globally (joint greedy by f) vs split evenly.
 Results: markdown on stdout and JSON in bench/results/bench_drafter.json. Datastores are built once
 into cache/bench/ (git-ignored).
@@ -40,7 +40,9 @@ import numpy as np
 # source, batch 64, 2 threads). Passive waiting unless the caller says otherwise (recorded with results).
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 ROOT = Path(__file__).resolve().parent.parent
-DATA = Path(os.environ.get("SSSD_DEV_DATA", "/work/shared/data"))
+DATA = Path(
+    os.environ.get("SSSD_DEV_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data")
+)  # ../shared/data
 CACHE = ROOT / "cache" / "bench"
 RESULTS = ROOT / "bench" / "results"
 VOCAB = 49152

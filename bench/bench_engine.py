@@ -2,7 +2,7 @@
 
 Rows: (a) transformers' generate (greedy; batches left-padded), (b) the engine with budget 0 (plain
 decoding through the same engine), (c) speculation with sssd's Drafter over a datastore of the model's
-own outputs on other prompts (/work/shared/data/smollm2_other_outputs.*) at several budgets.
+own outputs on other prompts (../shared/data/smollm2_other_outputs.*) at several budgets.
 Columns: tokens/s, MAL (tokens per step), speedup over (a) and (b), % outputs identical to (b) and (a).
 
     OMP_NUM_THREADS=1 PYTHONPATH=python python3 bench/bench_engine.py --prompts 2 --max-new-tokens 64 \\
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -25,7 +26,9 @@ import sssd
 import torch
 from sssd.models.local import ensure_hf_model, load_tokenizer
 
-DATA = Path("/work/shared/data")
+DATA = Path(
+    os.environ.get("SSSD_DEV_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data")
+)  # ../shared/data
 
 
 def datastore(tok) -> sssd.Datastore:

@@ -91,11 +91,13 @@ def cpython() -> tuple[np.ndarray, np.ndarray]:
     return tokens, offsets
 
 
-SHARED = Path("/work/shared/data")
+SHARED = Path(
+    os.environ.get("SSSD_DEV_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data")
+)  # ../shared/data
 
 
 def outputs() -> tuple[np.ndarray, np.ndarray]:
-    """SmolLM2's greedy outputs on 1,500 prompts (/work/shared/data/README.md), one document each."""
+    """SmolLM2's greedy outputs on 1,500 prompts (../shared/data/README.md), one document each."""
     tokens = np.load(SHARED / "smollm2_other_outputs.tokens.npy").astype(np.int32)
     return tokens, np.load(SHARED / "smollm2_other_outputs.offsets.npy").astype(np.int64)
 

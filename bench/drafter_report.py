@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-BAR = {16: 2.43, 64: 2.63}  # SSSD's published drafter, /work/shared/data/README.md
+BAR = {16: 2.43, 64: 2.63}  # SSSD's published drafter, ../shared/data/README.md
 
 
 def _md(head: list[str], rows: list[list[str]]) -> str:

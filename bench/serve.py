@@ -26,7 +26,9 @@ from sssd.evaluation.pairs import load_pairs
 from sssd.policy.adaptive import BudgetConfig, BudgetPolicy
 from sssd.policy.cost_model import CostModel
 
-DATA = Path(os.environ.get("SSSD_DATA", "/work/shared/data"))
+DATA = Path(
+    os.environ.get("SSSD_DEV_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data")
+)  # ../shared/data
 RESULTS = Path(__file__).resolve().parent / "results"
 COLUMNS = (
     "mean_latency_s",

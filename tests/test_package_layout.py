@@ -76,3 +76,20 @@ def test_datastore_and_drafter_import_without_torch():
 def test_public_api_is_importable_as_sssd_x():
     for name in sssd.__all__:
         assert getattr(sssd, name) is not None, name
+
+
+def test_no_absolute_path_of_a_development_machine_in_the_project():
+    """Development data is ``../shared/data`` relative to the repository root (or ``SSSD_DEV_DATA``)."""
+    root = Path(__file__).resolve().parents[1]
+    if not (root / ".git").exists():
+        return  # an installed copy, not a checkout
+    files = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True, check=True).stdout
+    needles = [str(root.parent) + "/", "/".join(["", "work", "shared", ""])]  # not spelled out here
+    found = []
+    for rel in files.split():
+        path = root / rel
+        if path.suffix in {".so", ".npz", ".npy", ".png", ".gguf"} or not path.is_file():
+            continue
+        text = path.read_text(errors="replace")
+        found += [f"{rel}: {n}" for n in needles if n in text]
+    assert not found, found

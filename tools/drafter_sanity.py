@@ -10,6 +10,7 @@ recent-outputs pool holds the outputs of the pairs replayed before.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -22,7 +23,10 @@ from sssd.evaluation.simulator import simulate
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import corpora
 
-PAIRS = Path("/work/shared/data/smollm2_dev_pairs.jsonl")
+PAIRS = (
+    Path(os.environ.get("SSSD_DEV_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data"))
+    / "smollm2_dev_pairs.jsonl"
+)
 
 VARIANTS = {
     "fused+pool, calibrated": {},

@@ -11,6 +11,7 @@ Prints the expected calibration error (ECE) of raw and calibrated scores on the 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -24,7 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import corpora
 
 OUT = Path(__file__).resolve().parent.parent / "python" / "sssd" / "data" / "calibration_default.json"
-PAIRS = Path("/work/shared/data/smollm2_dev_pairs.jsonl")
+PAIRS = (
+    Path(os.environ.get("SSSD_DEV_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data"))
+    / "smollm2_dev_pairs.jsonl"
+)
 
 
 def collect(ds, pairs, budget: int, table) -> dict[str, np.ndarray]:

@@ -1,6 +1,6 @@
 """Regenerates python/sssd/data/smollm2_sample.npz, the small corpus shipped for the README demo.
 
-Usage: PYTHONPATH=python python3 tools/make_sample_corpus.py [/work/shared/data] [--docs 300]
+Usage: PYTHONPATH=python python3 tools/make_sample_corpus.py [../shared/data] [--docs 300]
 Takes the first documents of smollm2_other_outputs.{tokens,offsets}.npy (SmolLM2-135M-Instruct's own
 greedy outputs on other prompts) and records the SmolLM2 tokenizer's fingerprint with them.
 """
@@ -19,7 +19,12 @@ OUT = Path(__file__).resolve().parent.parent / "python" / "sssd" / "data" / "smo
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("data_dir", nargs="?", default="/work/shared/data", type=Path)
+    p.add_argument(
+        "data_dir",
+        nargs="?",
+        default=Path(__file__).resolve().parents[1].parent / "shared" / "data",
+        type=Path,
+    )
     p.add_argument("--docs", type=int, default=300)
     args = p.parse_args()
     tokens = np.load(args.data_dir / "smollm2_other_outputs.tokens.npy")

@@ -3,7 +3,8 @@
 File format: JSON Lines, one object per pair with at least ``prompt_ids`` and ``output_ids`` (lists of
 non-negative ints); ``id`` (str) and ``subset`` (str) are optional, other fields (``text``, ``finished``,
 ``category``...) are kept in ``Pair.extra`` and written back unchanged. This is the format of
-``/work/shared/data/smollm2_dev_pairs.jsonl`` and of ``tools/make_pairs.py``.
+``smollm2_dev_pairs.jsonl`` (the project's development data, ``../shared/data``) and of
+``tools/make_pairs.py``.
 """
 
 from __future__ import annotations
