@@ -229,15 +229,15 @@ def test_sample_corpus_builds(tmp_path, capsys):
 
     tokens, offsets = data.sample_corpus()
     assert tokens.dtype == np.int32 and offsets.dtype == np.int64
-    assert offsets[0] == 0 and offsets[-1] == tokens.size and len(offsets) == 301
+    assert offsets[0] == 0 and offsets[-1] == tokens.size and len(offsets) == 1501
     assert int(tokens.max()) < data.sample_vocab_size() == 49152
     out = tmp_path / "sample.sssd"
     # The .npz records its vocabulary, so neither --vocab-size nor --tokenizer is needed.
     assert run([data.sample_corpus_path(), "-o", out, "-q"], capsys)[0] == 0
     ds = Datastore.open(out)
-    assert ds.num_documents == 300 and len(ds) == tokens.size
+    assert ds.num_documents == 1500 and len(ds) == tokens.size
     assert ds.tokenizer_fingerprint == data.sample_tokenizer_fingerprint()
-    assert ds.document(299).tolist() == tokens[offsets[299] :].tolist()
+    assert ds.document(1499).tolist() == tokens[offsets[1499] :].tolist()
 
 
 def test_shards_split_at_documents_and_open_as_one(tmp_path, capsys):

@@ -14,8 +14,8 @@ from sssd.cli.helpfmt import DefaultsHelpFormatter
 from datastore_tools.cli import make_parser as build_parser
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
-# sssd demo belongs to the first-run work; its --max-new-tokens has no help text yet.
-NO_HELP_YET = {("demo", "--max-new-tokens")}
+# options allowed without a help text (none)
+NO_HELP_YET: set[tuple[str, str]] = set()
 
 
 def _parsers() -> dict[str, argparse.ArgumentParser]:

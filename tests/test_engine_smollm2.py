@@ -31,12 +31,9 @@ def smollm2():
 
 
 def chat_prompts(tok, n: int) -> list[list[int]]:
-    from sssd.models.local import mtbench_questions
+    from sssd.cli.demo import bundled_prompts
 
-    try:
-        qs = [q["turns"][0] for q in mtbench_questions()[:n]]
-    except FileNotFoundError:
-        qs = ["Write a haiku about the sea.", "Explain what a suffix array is."][:n]
+    qs = bundled_prompts(2 * n)[::2][:n]  # the chat ones
     texts = [
         tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
         for q in qs

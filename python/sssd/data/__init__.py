@@ -1,8 +1,9 @@
-"""A small corpus shipped with the package, for the README demo and quick experiments.
+"""Data shipped with the package, for ``sssd demo`` and quick experiments.
 
-``smollm2_sample.npz``: the first 300 documents (38,000 tokens) of the development corpus, i.e.
+``smollm2_sample.npz``: the development corpus (1,500 documents, 182,384 tokens as uint16, 128 kB):
 SmolLM2-135M-Instruct's own greedy outputs on other prompts, in the SmolLM2 vocabulary (49,152 tokens).
-Regenerate it with ``tools/make_sample_corpus.py``.
+``demo_prompts.json``: six chat and code prompts (MT-Bench and HumanEval items of the development set,
+none of them among the corpus's prompts). Regenerate both with ``tools/make_sample_corpus.py``.
 """
 
 from __future__ import annotations
