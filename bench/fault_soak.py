@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import sssd
 import torch
 from sssd.engine.engine import Engine, EngineConfig
-from test_engine_faults import FaultyDrafter, _Interrupter
+from test_engine_faults import FaultyDrafter, _Interrupter, _run_to_end
 from tiny_models import VOCAB, hf_greedy, tiny_model
 
 PROMPTS = [[9, 3, 4], [2, 8], [5, 5, 6, 7], [11, 12], [20, 21, 22], [30, 4], [40, 41], [7, 7, 7]]
@@ -39,25 +39,12 @@ def soak(kind: str, seed: int, refs: list[list[int]], args) -> dict:
     engine = Engine(tiny_model("llama"), drafter=drafter, config=EngineConfig(budget=8, max_batch_size=4))
     rids = [engine.add_request(p, max_new_tokens=args.new_tokens, eos_token_ids=()) for p in PROMPTS]
     trace = _Interrupter(rate=args.rate, seed=seed)
-    results, interrupts, steps = {}, 0, 0
-    while engine.has_unfinished() and steps < 5000:
-        steps += 1
-        if steps == args.fault_steps:  # the faults stop; every request must then finish
+
+    def stop_faults(step: int) -> None:
+        if step == args.fault_steps:  # the faults stop; every request must then finish
             trace.on, drafter.armed = False, False
-        try:
-            sys.settrace(trace)  # inside step() only (Python also drops a trace function that raised)
-            try:
-                events = engine.step()
-            finally:
-                sys.settrace(None)
-            for e in events:
-                if e.finished:
-                    results[e.request_id] = e.result
-        except KeyboardInterrupt:
-            interrupts += 1
-    for rid in rids:
-        if rid not in results and (res := engine.result(rid)) is not None:
-            results[rid] = res
+
+    results, interrupts = _run_to_end(engine, len(rids), max_steps=5000, trace=trace, before_step=stop_faults)
     wrong = sum(
         sum(a != b for a, b in zip(results[r].tokens, refs[r], strict=False))
         + abs(len(results[r].tokens) - len(refs[r]))

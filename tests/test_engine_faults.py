@@ -68,14 +68,16 @@ def _oracle(refs, p_wrong=0.2, seed=0):
                          p_wrong=p_wrong, seed=seed)  # fmt: skip
 
 
-def _run_to_end(engine, n, max_steps=2000, trace=None):
+def _run_to_end(engine, n, max_steps=2000, trace=None, before_step=None):
     """Step until every request finished, swallowing injected KeyboardInterrupts; returns the results.
     ``trace``: the tracing interrupter, set again after each interrupt (Python drops a trace function
-    that raised)."""
+    that raised); ``before_step(i)``: called before step i (from 1)."""
     results, interrupts = {}, 0
-    for _ in range(max_steps):
+    for i in range(1, max_steps + 1):
         if not engine.has_unfinished():
             break
+        if before_step is not None:
+            before_step(i)
         try:
             sys.settrace(trace)  # inside step() only (Python also drops a trace function that raised)
             try:
