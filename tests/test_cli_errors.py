@@ -135,7 +135,13 @@ def test_build_datastore_errors_are_one_line(tmp_path, capsys):
 
 
 def _python(code: str, *, stdout=subprocess.PIPE) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "python"), str(ROOT)])}
+    # the sssd this test imports (the installed wheel in CI, the working tree with PYTHONPATH=python)
+    import sssd
+
+    import datastore_tools
+
+    paths = [str(Path(m.__file__).resolve().parents[1]) for m in (sssd, datastore_tools)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     env.pop("SSSD_DEBUG", None)
     return subprocess.Popen(
         [sys.executable, "-c", code], cwd=ROOT, env=env, stdout=stdout, stderr=subprocess.PIPE, text=True

@@ -140,6 +140,7 @@ class Engine:
         self._waiting: deque[Request] = deque()
         self._active: list[Request] = []  # index = cache slot
         self._finished: dict[int, GenerationResult] = {}
+        self._unreported: list[Request] = []  # retired by a step whose events did not reach the caller
         self._next_id = 0
         self._view: StepView | None = None
 
@@ -248,13 +249,14 @@ class Engine:
 
         Anything that escapes a step (an exception, ``KeyboardInterrupt``) leaves the engine resumable: the
         next step first repairs the batch from the requests' tokens (see ``sssd.engine.recovery``)."""
-        self._recover()
+        recovered, finished = self._recover()  # requests an interrupted step finished
         stall = self._admit()
         reqs = self._active
         if not reqs:
-            return []
+            return self._hand_out(finished, recovered)
         t0 = time.perf_counter()
         plan = self._plan()
+        stepped = list(reqs)  # _retire removes finished ones from the batch
         rids = [r.rid for r in reqs]
         trees, batch, drafted = self._draft(reqs, plan)
         t1 = time.perf_counter()
@@ -280,12 +282,13 @@ class Engine:
             st.forward_time += t2 - t1
             if self._guard is not None and not req.finish_reason:
                 self._guard.extend(req, kept)
+            new = req.output[req.emitted :]  # with the tokens of an interrupted step, if any
             events.append(
-                StreamEvent(req.rid, kept, req.take_text(), req.finish_reason is not None, req.finish_reason)
+                StreamEvent(req.rid, new, req.peek_text(), req.finish_reason is not None, req.finish_reason)
             )
         if batch is not None:
             self._guard.observe([rids[i] for i in drafted], batch, [accepted[i] for i in drafted])
-        events = self._retire(events)
+        events = recovered + self._retire(events)
         t3 = time.perf_counter()
         for req in reqs:
             req.stats.step_time += t3 - t0
@@ -306,7 +309,7 @@ class Engine:
         s.drafter_errors = self._guard.error_count if self._guard is not None else 0
         s.history.append(timing)
         self.policy.observe(timing)
-        return events
+        return self._hand_out(finished + stepped, events)
 
     def _draft(self, reqs: list[Request], plan: int | list[int]) -> tuple[list, Any, list[int]]:
         """The step's trees (one per request, roots only where nothing is drafted), the drafter's batch
@@ -366,22 +369,42 @@ class Engine:
             self.stats.request_errors += 1
             return req.output[n:]
 
-    def _recover(self) -> None:
+    def _hand_out(self, reqs: list[Request], events: list[StreamEvent]) -> list[StreamEvent]:
+        """Mark the events' tokens and text as handed out, the last thing ``step()`` does: a step
+        interrupted before this point hands them out with the next step's events instead, so the stream
+        neither loses nor repeats tokens (an interrupt inside this method, the one window left, can drop
+        one step's events; the results keep every token)."""
+        for r in reqs:
+            r.handed_out()
+        self._unreported.clear()
+        return events
+
+    def _recover(self) -> tuple[list[StreamEvent], list[Request]]:
         """Bring the batch back to its invariants after something escaped a step (see
-        ``sssd.engine.recovery``); on the fast path a few comparisons."""
+        ``sssd.engine.recovery``); on the fast path a few comparisons. Returns the final events of requests
+        that an interrupted step finished but did not retire."""
         active = self._active
         if self._waiting and active:  # admitted while still queued (an interrupted admission)
             running = {r.rid for r in active}
             if any(r.rid in running for r in self._waiting):
                 self._waiting = deque(r for r in self._waiting if r.rid not in running)
         self.stats.recovered += repair_batch(self.adapter, active)
+        for req in active:
+            req.recheck_finished()
         if any(r.finish_reason for r in active):  # an interrupted retirement
             for slot in range(len(active) - 1, -1, -1):
                 req = active[slot]
                 if req.finish_reason:
                     req.finish_text()
                     self._finished.setdefault(req.rid, req.result())
+                    if req not in self._unreported:
+                        self._unreported.append(req)
                     self._release(slot)
+        events = [  # final events an interrupted step did not hand out
+            StreamEvent(r.rid, r.output[r.emitted :], r.peek_text(), True, r.finish_reason, r.result())
+            for r in self._unreported
+        ]
+        return events, list(self._unreported)
 
     def _retire(self, events: list[StreamEvent]) -> list[StreamEvent]:
         """Free the slots of finished requests (highest slot first: the last slot moves into a freed one)."""
@@ -394,6 +417,7 @@ class Engine:
             e = events[slot]
             out[slot] = StreamEvent(req.rid, e.tokens, e.text, True, req.finish_reason, res)
             self._finished[req.rid] = res
+            self._unreported.append(req)  # until its final event is handed out
             self._release(slot)
         return out
 

@@ -100,6 +100,7 @@ class Request:
     _new_text: list[str] = field(default_factory=list, repr=False)
     _text_done: bool = False
     _stop_len: int = 0
+    emitted: int = 0  # output tokens handed out in StreamEvents
     drafted: int = -1  # tokens of this request the drafter holds (-1: none / unknown; see engine.recovery)
     draft_failures: int = 0
     draft_retry: int = 0  # the drafter step from which its drafter state may be rebuilt again
@@ -170,19 +171,41 @@ class Request:
                 self._new_text.append(delta)
             self._text_done = True
 
+    def recheck_finished(self) -> None:
+        """After an interrupted ``append``: the stop conditions that depend on the tokens alone (EOS,
+        max_new_tokens, the context limit), in case the token that met one arrived but its check did not
+        run."""
+        if self.finish_reason or not self.output:
+            return
+        if self.output[-1] in self.eos:
+            self.finish_reason = "eos"
+        elif len(self.output) >= self.params.max_new_tokens:
+            self.finish_reason = "length"
+        elif self.context_len >= self.max_context:
+            self.finish_reason = "context"
+
     def fail(self, message: str) -> None:
         """Finish with ``finish_reason="error"``; the text stays what was decoded before the failure."""
         self.finish_reason = "error"
         self.error = message
         self._text_done = True
 
+    def peek_text(self) -> str:
+        """The text added since the last ``handed_out``."""
+        if len(self._new_text) > 1:
+            self._new_text[:] = ["".join(self._new_text)]
+        return self._new_text[0] if self._new_text else ""
+
     def take_text(self) -> str:
         """The text added since the last call."""
-        if not self._new_text:
-            return ""
-        out = "".join(self._new_text)
+        out = self.peek_text()
         self._new_text.clear()
         return out
+
+    def handed_out(self) -> None:
+        """The tokens and text so far reached the caller (in a StreamEvent)."""
+        self.emitted = len(self.output)
+        self._new_text.clear()
 
     def text(self) -> str:
         """The output's text so far (complete once the request finished)."""
