@@ -54,6 +54,9 @@ def _gguf_tokenizer(path: Path) -> Any:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
+        from datastore_tools.writer import follow_umask
+
+        follow_umask(tmp)
         tok.save_pretrained(tmp)
         os.replace(tmp, out)  # atomic: a reader sees the whole directory or none
     except OSError:

@@ -152,6 +152,7 @@ def write_shards(
     remove_stale_temporaries(out)
     tmp = Path(tempfile.mkdtemp(prefix=temp_prefix(out), dir=out.parent))
     try:
+        follow_umask(tmp)  # mkdtemp makes it 0700; the datastore directory is an ordinary one
         splitter = _ShardSplitter(docs, max_tokens)
         names: list[str] = []
         while splitter.has_more():
@@ -172,6 +173,14 @@ def write_shards(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return [out / n for n in names]
+
+
+def follow_umask(path: Path) -> None:
+    """Give a directory made by ``tempfile.mkdtemp`` (mode 0700) the mode ``mkdir`` would: 0777 less the
+    user's umask."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, 0o777 & ~mask)
 
 
 def _replace_dir(new: Path, out: Path) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -258,6 +260,9 @@ def test_shards_split_at_documents_and_open_as_one(tmp_path, capsys):
     assert ds.num_shards == 4 and len(ds) == tokens.size
     assert [ds.document(k).size for k in range(ds.num_documents)] == lengths
     assert "(4 shards)" in stdout
+    mask = os.umask(0)
+    os.umask(mask)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~mask  # an ordinary directory, not mkdtemp's 0700
     # Replacing needs --force; then the new shards replace the old ones.
     assert (
         run([tmp_path / "c.tokens.npy", "-o", out, "--vocab-size", 97, "--shard-tokens", 100], capsys)[0] == 2
