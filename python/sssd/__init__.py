@@ -51,6 +51,10 @@ _LAZY = {
     "BudgetConfig": "sssd.policy.adaptive",
     "BudgetPolicy": "sssd.policy.adaptive",
     "CostModel": "sssd.policy.cost_model",
+    "ModelDrafter": "sssd.drafter.model",
+    "ModelDrafterConfig": "sssd.drafter.model",
+    "MergedDrafter": "sssd.drafter.merge",
+    "MergedDrafterConfig": "sssd.drafter.merge",
 }
 
 
@@ -76,6 +80,10 @@ __all__ = [
     "Engine",
     "EngineConfig",
     "GenerationResult",
+    "MergedDrafter",
+    "MergedDrafterConfig",
+    "ModelDrafter",
+    "ModelDrafterConfig",
     "SamplingParams",
     "SearchConfig",
     "SearchResult",

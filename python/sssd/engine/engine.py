@@ -124,6 +124,9 @@ class Engine:
             for m in ("add_request", "extend", "propose", "remove_request"):
                 if not callable(getattr(drafter, m, None)):
                     raise TypeError(f"drafter {type(drafter).__name__} has no {m}() method")
+            check_vocab = getattr(drafter, "check_vocab", None)
+            if callable(check_vocab):  # model drafters: draft and target must share the vocabulary
+                check_vocab(self.vocab_size)
             _bind(drafter, self)
             ds = getattr(drafter, "datastore", None)
             if ds is not None:
