@@ -11,7 +11,7 @@ prefix of the order is a valid set of trees: ``DraftBatch.truncate(k)`` and the 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -39,7 +39,7 @@ class ModelDraftBatch(DraftBatch):
 class Candidates:
     """Growing flat table of candidate nodes (roots first, then in creation order)."""
 
-    COLUMNS = {
+    COLUMNS: ClassVar[dict[str, type]] = {
         "tree": np.int64,  # which request
         "parent": np.int64,  # global candidate index, -1 for roots
         "token": np.int64,

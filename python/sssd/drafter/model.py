@@ -110,7 +110,7 @@ class _DraftAdapter(ModelAdapter):
     def forward_nodes(self, slot, token, row, pos, anc: list[list[int]], want: np.ndarray) -> torch.Tensor:
         """Feed nodes: ``slot``/``token``/``row``/``pos`` ``[n]`` (``row``: scratch row after the slot's
         committed rows, ``pos``: position id), ``anc[i]``: scratch rows node i sees (its ancestors and
-        itself). Nodes must come sorted by slot. Returns float32 logits ``[len(want), V]`` of rows ``want``."""
+        itself). Nodes must come sorted by slot. Returns float32 logits ``[len(want), V]`` of ``want``."""
         cache, dev = self.cache, self.device
         lo, hi = int(slot[0]), int(slot[-1]) + 1
         b = hi - lo

@@ -1,0 +1,348 @@
+"""Model drafters (sssd.ModelDrafter) and merged drafters (sssd.MergedDrafter) on tiny random models.
+
+- the draft KV cache follows the context: depth-1/2 draft probabilities equal a fresh forward of the model;
+- trees keep the contract (parents first, ranks, truncation, per-sibling draft distributions);
+- greedy speculative decoding equals plain decoding token for token on every family, with requests joining
+  and leaving, for expansion and dynamic trees, a different draft model or the target itself, and merged
+  retrieval + model trees;
+- sampling keeps the target's distribution, and SpecInfer verification accepts more than plain sampling
+  verification on the same sampled trees;
+- bad inputs, a failing draft model mid-step, and the teacher-forced simulator.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import sssd
+import torch
+from sssd.engine.acceptance import verify_sampling, verify_specinfer
+from sssd.engine.engine import Engine, EngineConfig
+from test_engine_lossless import make_prompts, reference
+from test_engine_sampling import assert_matches
+from tiny_models import FAMILIES, VOCAB, tiny_model
+
+torch.set_num_threads(1)
+NEW = 16
+KINDS = {
+    "dynamic": sssd.ModelDrafterConfig(top_k=4, max_depth=5),
+    "expansion": sssd.ModelDrafterConfig(expansion=(3, 2, 1, 1)),
+}
+
+
+def other(family: str):
+    """A second tiny random model of the same vocabulary (another family's weights)."""
+    return tiny_model(FAMILIES[(FAMILIES.index(family) + 1) % len(FAMILIES)])
+
+
+def next_probs(model, ids: list[int]) -> np.ndarray:
+    with torch.inference_mode():
+        return torch.softmax(model(torch.tensor([ids])).logits[0, -1].double(), -1).numpy()
+
+
+def join_and_leave(engine: Engine, prompts: list[list[int]], lengths: list[int]) -> list[list[int]]:
+    """A new request joins every other step; requests leave when done. Outputs in prompt order."""
+    rids: list[int] = []
+    finished: dict[int, list[int]] = {}
+    step = 0
+    while len(finished) < len(prompts):
+        if step % 2 == 0 and len(rids) < len(prompts):
+            i = len(rids)
+            rids.append(engine.add_request(prompts[i], max_new_tokens=lengths[i], eos_token_ids=()))
+        for ev in engine.step():
+            if ev.finished:
+                finished[ev.request_id] = ev.result.tokens
+        step += 1
+        assert step < 500
+    return [finished[r] for r in rids]
+
+
+# -- the drafter on its own ---------------------------------------------------------------------------
+def test_draft_cache_follows_the_context():
+    model = tiny_model("qwen2")
+    d = sssd.ModelDrafter(model, sssd.ModelDrafterConfig(top_k=3, max_depth=2, catchup_chain=4))
+    rng = np.random.default_rng(0)
+    ctx = {0: rng.integers(2, VOCAB, 9).tolist(), 1: [7], 2: rng.integers(2, VOCAB, 40).tolist()}
+    for r, p in ctx.items():
+        d.add_request(r, p)
+    for step in range(4):
+        if step == 2:
+            d.remove_request(1)  # slot 2 moves into slot 1
+            del ctx[1]
+        rids = sorted(ctx)
+        batch = d.propose(rids, budget=6 * len(rids))
+        for i, r in enumerate(rids):
+            a, e = batch.offsets[i], batch.offsets[i + 1]
+            toks, par, probs = batch.tokens[a:e], batch.parents[a:e], batch.probs[a:e]
+            p = next_probs(model, ctx[r])
+            top = np.argsort(-p)[:3]
+            kids = np.nonzero(par == 0)[0]
+            assert list(toks[kids]) == list(top[: len(kids)])
+            np.testing.assert_allclose(probs[kids], p[toks[kids]], rtol=1e-4, atol=1e-6)
+            deep = np.nonzero(par > 0)[0]
+            if len(deep):
+                v = deep[0]
+                p2 = next_probs(model, ctx[r] + [int(toks[par[v]])])
+                np.testing.assert_allclose(probs[v], p2[toks[v]], rtol=1e-4, atol=1e-6)
+        for r in rids:  # the accepted tokens of a step: 1..6 of them (more than catchup_chain at times)
+            new = rng.integers(2, VOCAB, int(rng.integers(1, 7))).tolist()
+            d.extend(r, new)
+            ctx[r] += new
+        assert [d.context_length(r) for r in rids] == [len(ctx[r]) for r in rids]
+
+
+@pytest.mark.parametrize("sampling", [False, True])
+def test_batch_contract_and_truncation(sampling):
+    cfg = sssd.ModelDrafterConfig(top_k=4, max_depth=4, sampling=sampling, seed=5)
+    d = sssd.ModelDrafter(tiny_model("llama"), cfg)
+    for r in range(3):
+        d.add_request(10 + r, make_prompts(1, seed=r)[0])
+    batch = d.propose([12, 10, 11], budget=20)
+    assert isinstance(batch, sssd.DraftBatch)
+    assert batch.num_draft_nodes == 20 and list(batch.request_ids) == [12, 10, 11]
+    assert sorted(batch.rank[batch.rank >= 0]) == list(range(20))
+    np.testing.assert_allclose(batch.gain[-1], batch.expected_accepted().sum(), rtol=1e-5)
+    assert (np.diff(batch.gain) >= -1e-12).all() and (np.diff(batch.gain, 2) <= 1e-7).all()
+    if sampling:
+        assert batch.draft_probs.shape == (batch.num_nodes, VOCAB)
+    for k in range(21):
+        t = batch.truncate(k)
+        assert t.num_draft_nodes == k
+        for i in range(t.num_trees):  # parents first; siblings keep their draw order (a prefix of it)
+            a, e = t.offsets[i], t.offsets[i + 1]
+            assert t.parents[a] == -1 and all(0 <= t.parents[v] < v - a for v in range(a + 1, e))
+        if sampling:
+            dp = t.draft_probs
+            inner = t.parents >= 0
+            assert (dp[np.nonzero(inner)[0], t.tokens[inner]] > 0).all()
+            np.testing.assert_allclose(dp[inner].sum(1), 1, atol=1e-5)
+
+
+def test_distinct_sampling_draws_each_sibling_from_q_without_the_earlier_ones():
+    cfg = sssd.ModelDrafterConfig(expansion=(6,), sampling=True, seed=1)
+    d = sssd.ModelDrafter(tiny_model("gemma"), cfg)
+    d.add_request(0, [4, 5, 6])
+    b = d.propose([0], budget=6)
+    q = b.draft_probs[1]  # the first child: q itself
+    np.testing.assert_allclose(q, next_probs(tiny_model("gemma"), [4, 5, 6]), atol=1e-5)
+    assert len(set(b.tokens[1:].tolist())) == 6  # no repeats
+    for j in range(2, 7):
+        want = q.copy()
+        want[b.tokens[1:j]] = 0
+        np.testing.assert_allclose(b.draft_probs[j], want / want.sum(), atol=1e-6)
+    # i.i.d. draws keep repeats as separate children that are never expanded
+    d2 = sssd.ModelDrafter(tiny_model("gemma"), sssd.ModelDrafterConfig(
+        expansion=(12, 2), sampling=True, distinct=False, temperature=0.3, seed=2))  # fmt: skip
+    d2.add_request(0, [4, 5, 6])
+    b2 = d2.propose([0], budget=60)
+    first = b2.tokens[b2.depth == 1].tolist()
+    assert len(set(first)) < len(first)
+    np.testing.assert_allclose(b2.draft_probs[b2.depth == 1], np.tile(q ** (1 / 0.3) / (q ** (1 / 0.3)).sum(),
+                               (len(first), 1)), atol=1e-4)  # fmt: skip
+    kids_of = {v: np.nonzero(b2.parents == v)[0] for v in np.nonzero(b2.depth == 1)[0]}
+    seen = set()
+    for v, kids in kids_of.items():
+        if b2.tokens[v] in seen:
+            assert len(kids) == 0
+        seen.add(int(b2.tokens[v]))
+
+
+# -- greedy: exactly the plain tokens ------------------------------------------------------------------
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("draft", ["other", "self"])
+def test_greedy_equals_plain_with_requests_joining_and_leaving(family, kind, draft):
+    prompts = make_prompts(5, seed=20)
+    lengths = [5, NEW, 9, 1, 13]
+    dm = tiny_model(family) if draft == "self" else other(family)
+    drafter = sssd.ModelDrafter(dm, KINDS[kind])
+    engine = Engine(tiny_model(family), drafter=drafter, config=EngineConfig(budget=12, max_batch_size=3))
+    out = join_and_leave(engine, prompts, lengths)
+    assert out == [reference(family, p, NEW)[:n] for p, n in zip(prompts, lengths, strict=True)]
+    assert len(drafter) == 0 and drafter.adapter.cache.num_active == 0
+    if draft == "self":
+        assert engine.stats.accepted > 0
+
+
+def test_the_target_as_its_own_drafter_accepts_whole_chains():
+    family = "llama"
+    prompts = make_prompts(3, seed=21)
+    drafter = sssd.ModelDrafter(tiny_model(family), sssd.ModelDrafterConfig(expansion=(1,) * 6))
+    engine = Engine(
+        tiny_model(family), drafter=drafter, config=EngineConfig(budget=6, per_request_budget=True)
+    )
+    res = engine.generate(prompts, max_new_tokens=28, eos_token_ids=())
+    assert [r.tokens for r in res] == [reference(family, p, 28) for p in prompts]
+    assert all(r.stats.tokens_per_step == 7 for r in res)  # every chain accepted: 6 + the bonus
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_merged_retrieval_and_model_equals_plain(family):
+    prompts = make_prompts(4, seed=22)
+    prompts[0] = prompts[0] * 3  # something for the retrieval drafter to find
+    retrieval = sssd.Drafter(None, sssd.DrafterConfig(vocab_size=VOCAB))
+    merged = sssd.MergedDrafter([retrieval, sssd.ModelDrafter(other(family), KINDS["dynamic"])])
+    engine = Engine(tiny_model(family), drafter=merged, config=EngineConfig(budget=16, max_batch_size=2))
+    out = join_and_leave(engine, prompts, [NEW] * 4)
+    assert out == [reference(family, p, NEW) for p in prompts]
+    assert len(merged) == 0 and all(len(s) == 0 for s in merged.sources)
+
+
+def test_merged_trees_union_paths_and_mark_their_sources():
+    model = tiny_model("qwen2")
+    a = sssd.ModelDrafter(model, sssd.ModelDrafterConfig(expansion=(2, 1)))
+    b = sssd.ModelDrafter(model, sssd.ModelDrafterConfig(expansion=(3,)))
+    m = sssd.MergedDrafter([a, b], sssd.MergedDrafterConfig(combine="noisy_or"))
+    m.add_request(3, [9, 8, 7])
+    batch = m.propose([3], budget=100)
+    one = a.propose([3], budget=100)
+    assert batch.num_draft_nodes == 5  # a: 2 + 2 nodes, b: 3 at depth 1, two of them shared with a
+    shared = (batch.depth == 1) & (batch.source_mask == 3)
+    assert shared.sum() == 2
+    q = one.probs[one.depth == 1]
+    np.testing.assert_allclose(np.sort(batch.probs[shared]), np.sort(1 - (1 - q) ** 2), rtol=1e-5)
+    assert m.source_names == ("ModelDrafter0", "ModelDrafter1")
+    assert m.observe([3], batch, [0]) == 1
+
+
+# -- sampling ------------------------------------------------------------------------------------------
+def test_sampling_drafter_keeps_the_target_distribution():
+    target, draft = tiny_model("llama"), other("llama")
+    prompt = [5, 7, 9, 2]
+    p1 = next_probs(target, prompt)
+    cfg = sssd.ModelDrafterConfig(expansion=(3, 2), sampling=True, seed=0)
+    engine = Engine(target, drafter=sssd.ModelDrafter(draft, cfg),
+                    config=EngineConfig(budget=9, per_request_budget=True, max_batch_size=64))  # fmt: skip
+    n = 1536
+    res = engine.generate([prompt] * n, max_new_tokens=3, temperature=1.0, seed=0, eos_token_ids=())
+    firsts = [r.tokens[0] for r in res]
+    assert_matches(dict(zip(*np.unique(firsts, return_counts=True), strict=True)), dict(enumerate(p1)), n)
+    top = int(np.argmax(p1))
+    seconds = [r.tokens[1] for r in res if r.tokens[0] == top]
+    p2 = next_probs(target, [*prompt, top])
+    counts = dict(zip(*np.unique(seconds, return_counts=True), strict=True))
+    assert_matches(counts, dict(enumerate(p2)), len(seconds))
+    assert engine.stats.accepted > 0
+
+
+def _tree_target_probs(model, prompt, batch) -> np.ndarray:
+    """Target distribution after every node of a single-tree batch (context = prompt + path)."""
+    out = []
+    for v in range(batch.num_nodes):
+        path, u = [], v
+        while u > 0:
+            path.append(int(batch.tokens[u]))
+            u = int(batch.parents[u])
+        out.append(next_probs(model, prompt + path[::-1]))
+    return np.stack(out)
+
+
+@pytest.mark.parametrize("draft", ["self", "other"])
+def test_specinfer_accepts_more_than_plain_sampling_on_the_same_trees(draft):
+    target = tiny_model("qwen2")
+    dm = target if draft == "self" else other("qwen2")
+    d = sssd.ModelDrafter(dm, sssd.ModelDrafterConfig(expansion=(3, 2, 1), sampling=True, seed=3))
+    prompt = [11, 3, 2, 8]
+    d.add_request(0, prompt)
+    rng_s, rng_p = np.random.default_rng(0), np.random.default_rng(0)
+    spec = plain = 0
+    for _ in range(8):  # 8 sampled trees, 40 verifications of each per scheme
+        b = d.propose([0], budget=12)
+        p = _tree_target_probs(target, prompt, b)
+        for _ in range(40):
+            spec += len(verify_specinfer(b.tokens, b.parents, p, b.draft_probs, rng_s)[0]) - 1
+            plain += len(verify_sampling(b.tokens, b.parents, p, rng_p)[0]) - 1
+    # measured (seeded): self 960 vs 447, other 168 vs 112 accepted draft tokens
+    assert spec > plain * (1.5 if draft == "self" else 1.2), (spec, plain)
+
+
+# -- bad inputs, faults, simulator ----------------------------------------------------------------------
+def _model_with_vocab(v: int):
+    import transformers as tf
+
+    cfg = tf.LlamaConfig(vocab_size=v, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, max_position_embeddings=64)  # fmt: skip
+    return tf.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
+
+
+def test_vocabulary_mismatch_is_refused_at_engine_construction():
+    drafter = sssd.ModelDrafter(_model_with_vocab(VOCAB + 8))
+    with pytest.raises(ValueError, match="vocabulary"):
+        Engine(tiny_model("llama"), drafter=drafter)
+    merged = sssd.MergedDrafter([sssd.Drafter(), sssd.ModelDrafter(_model_with_vocab(VOCAB - 1))])
+    with pytest.raises(ValueError, match="vocabulary"):
+        Engine(tiny_model("llama"), drafter=merged)
+    Engine(tiny_model("llama"), drafter=sssd.ModelDrafter(_model_with_vocab(VOCAB)))  # same size: fine
+
+
+def test_bad_arguments():
+    d = sssd.ModelDrafter(tiny_model("llama"))
+    for bad in (dict(top_k=0), dict(max_depth=0), dict(max_depth=65), dict(temperature=0.0),
+                dict(expansion=(2, 0)), dict(max_tree_nodes=-1)):  # fmt: skip
+        with pytest.raises(ValueError):
+            sssd.ModelDrafterConfig(**bad)
+    for bad in (dict(expansion=()), dict(expansion=2), dict(top_k=2.0), dict(sampling=1), dict(seed="x")):
+        with pytest.raises(TypeError):
+            sssd.ModelDrafterConfig(**bad)
+    with pytest.raises(TypeError):
+        sssd.ModelDrafter(tiny_model("llama"), config={"top_k": 2})
+    with pytest.raises(ValueError):
+        sssd.ModelDrafter(object())
+    with pytest.raises(ValueError, match="combine"):
+        sssd.MergedDrafterConfig(combine="sum")
+    with pytest.raises(TypeError):
+        sssd.MergedDrafter([d, object()])
+    m = sssd.MergedDrafter([sssd.Drafter(), sssd.ModelDrafter(tiny_model("llama"))])
+    for drafter in (d, m):
+        drafter.add_request(1, [3, 4])
+        with pytest.raises(ValueError):
+            drafter.add_request(1, [3])
+        with pytest.raises(ValueError):
+            drafter.add_request(2, [])
+        for method, args in (("extend", (9, [1])), ("propose", ([1, 9], 4)), ("remove_request", (9,)),
+                             ("context_length", (9,))):  # fmt: skip
+            with pytest.raises(sssd.UnknownRequestError):
+                getattr(drafter, method)(*args)
+        with pytest.raises(ValueError):
+            drafter.propose([1], [1, 2])
+        with pytest.raises(ValueError):
+            drafter.extend(1, [VOCAB])
+        assert drafter.propose([1], 0).num_draft_nodes == 0
+        assert drafter.has_request(1) and not drafter.has_request(9) and len(drafter) == 1
+    with pytest.raises(ValueError, match="twice"):
+        d.propose([1, 1], 4)
+
+
+def test_a_failing_draft_model_mid_step_costs_no_token():
+    family = "mistral"
+    prompts = make_prompts(4, seed=23)
+    drafter = sssd.ModelDrafter(tiny_model(family), KINDS["dynamic"])
+    real = drafter.adapter.forward_nodes
+    calls = [0]
+
+    def flaky(*a, **k):  # every 5th forward raises, after the catch-up forward of the step at times
+        calls[0] += 1
+        if calls[0] % 5 == 0:
+            raise RuntimeError("draft model failed")
+        return real(*a, **k)
+
+    drafter.adapter.forward_nodes = flaky
+    engine = Engine(tiny_model(family), drafter=drafter, config=EngineConfig(budget=10, max_batch_size=3))
+    out = join_and_leave(engine, prompts, [NEW] * 4)
+    assert out == [reference(family, p, NEW) for p in prompts]
+    assert engine.stats.drafter_errors > 0 and engine.stats.accepted > 0
+
+
+def test_simulator_runs_model_and_merged_drafters():
+    from sssd.evaluation.pairs import Pair
+
+    family = "gemma"
+    prompts = make_prompts(4, seed=24)
+    pairs = [Pair.make(p, reference(family, p, NEW)) for p in prompts]
+    own = sssd.simulate(sssd.ModelDrafter(tiny_model(family), sssd.ModelDrafterConfig(expansion=(1,) * 4)),
+                        pairs, budget=4, batch_size=2)  # fmt: skip
+    assert own.mal == 4.0  # whole chains accepted: 5 + 5 + 5 + 1 tokens in 4 steps per pair
+    assert own.accepted_tokens >= 12 * 4 and "model" in own.by_source
+    merged = sssd.MergedDrafter([sssd.Drafter(), sssd.ModelDrafter(other(family))])
+    res = sssd.simulate(merged, pairs, budget=8, batch_size=3, allocation="global", observe=True)
+    assert res.generated_tokens == NEW * 4 and res.mal >= 1.0
