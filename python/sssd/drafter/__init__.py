@@ -5,10 +5,15 @@ pool fused into one tree per request, chosen best-first by accumulated probabili
 the whole batch, optionally SLO-aware), the calibration of its node scores (``calibration``), the batch
 budget allocation and selection as pure functions (``allocation``), the tree metadata the model needs
 (``buffers``: positions, ancestor masks, accepted-path indexes) and the Python oracle of all of it
-(``reference``).
+(``reference``). Beside the retrieval drafter, with the same API: ``model.py`` (``ModelDrafter``: a small
+causal LM as the drafter, expansion or dynamic trees, greedy or sampled with draft distributions),
+``merge.py`` (``MergedDrafter``: several drafters' trees merged into one per request) and ``assemble.py``
+(best-first selection over candidate nodes and packing into a ``DraftBatch``, numpy only).
 
-May import: ``sssd.datastore``, ``sssd._core``, ``sssd.fileio`` and numpy. Never the engine, torch or the
-policy: drafters know nothing of models.
+May import: ``sssd.datastore``, ``sssd._core``, ``sssd.fileio`` and numpy. Never the policy; never the
+engine or torch, with one exception: ``model.py`` imports ``sssd.engine`` (the ``ModelAdapter`` and
+``KVCache`` that run the draft model: no forked modeling code) and torch. It is imported lazily
+(``sssd.ModelDrafter``), so ``import sssd.drafter`` still needs only numpy.
 """
 
 from sssd.drafter.buffers import TreeBuffers, tree_buffers

@@ -48,7 +48,7 @@ from sssd.checks import check_bool, check_int, check_real, int_array
 from sssd.drafter.assemble import Candidates, ModelDraftBatch, build_batch, select
 from sssd.drafter.calibration import SOURCES
 from sssd.drafter.retrieval import UnknownRequestError, _request_ids, _tokens, is_scalar_budget
-from sssd.engine.adapter import ModelAdapter
+from sssd.engine.adapter import ModelAdapter, StepContext
 from sssd.engine.kv_cache import StepWrites
 
 MODEL_SOURCE = len(SOURCES)  # DraftBatch.source code of model-drafted nodes (after input/datastore/pool)
@@ -135,8 +135,6 @@ class _DraftAdapter(ModelAdapter):
         unpad = (slot - lo) * n_max + t_of
         as_t = lambda x: torch.from_numpy(np.ascontiguousarray(x, dtype=np.int64)).to(dev)  # noqa: E731
         writes = StepWrites(as_t(slot), as_t(committed[slot - lo] + row))
-        from sssd.engine.adapter import StepContext
-
         ctx = StepContext(
             cache, lo, hi, rows, n_max, writes, torch.from_numpy(vis).to(dev),
             as_t(pad_src.reshape(-1)), as_t(unpad),
