@@ -118,6 +118,16 @@ def test_batch_contract_and_truncation(sampling):
             np.testing.assert_allclose(dp[inner].sum(1), 1, atol=1e-5)
 
 
+def test_trees_stop_at_the_draft_models_context_limit():
+    d = sssd.ModelDrafter(tiny_model("qwen2"), sssd.ModelDrafterConfig(top_k=2, max_depth=4))
+    limit = d.adapter.max_positions  # 256
+    for rid, n in ((0, limit - 2), (1, limit), (2, 5)):
+        d.add_request(rid, np.full(n, 7, np.int32))
+    b = d.propose([0, 1, 2], budget=30)
+    depth = [b.depth[b.offsets[i] : b.offsets[i + 1]] for i in range(3)]
+    assert depth[0].max() == 2 and len(depth[1]) == 1 and depth[2].max() == 4  # node positions < limit
+
+
 def test_distinct_sampling_draws_each_sibling_from_q_without_the_earlier_ones():
     cfg = sssd.ModelDrafterConfig(expansion=(6,), sampling=True, seed=1)
     d = sssd.ModelDrafter(tiny_model("gemma"), cfg)
@@ -252,8 +262,8 @@ def test_specinfer_accepts_more_than_plain_sampling_on_the_same_trees(draft):
         for _ in range(40):
             spec += len(verify_specinfer(b.tokens, b.parents, p, b.draft_probs, rng_s)[0]) - 1
             plain += len(verify_sampling(b.tokens, b.parents, p, rng_p)[0]) - 1
-    # measured (seeded): self 960 vs 447, other 168 vs 112 accepted draft tokens
-    assert spec > plain * (1.5 if draft == "self" else 1.2), (spec, plain)
+    # measured (seeded): self 880 vs 39, other 98 vs 9 accepted draft tokens in 320 verifications
+    assert spec > 2 * plain and spec > (600 if draft == "self" else 50), (spec, plain)
 
 
 # -- bad inputs, faults, simulator ----------------------------------------------------------------------

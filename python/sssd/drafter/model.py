@@ -270,14 +270,17 @@ class ModelDrafter:
 
     def _grow(self, ids, cand: Candidates, caps, total, deep, ctx_len) -> ModelDraftBatch:
         cfg = self.config
-        slots = np.array([self._slots.index(r) for r in ids.tolist()], np.int64)
+        slot_of = {r: i for i, r in enumerate(self._slots)}
+        slots = np.array([slot_of[r] for r in ids.tolist()], np.int64)
         q = self._catch_up(ids, slots)  # [B, V] q at the roots
         qrow = {int(r): i for i, r in enumerate(cand.roots)}  # candidate -> its row in the q bank
         bank = [q]
         anc = {int(r): [0] for r in cand.roots}  # scratch rows each expanded candidate sees
         used = np.ones(len(ids), np.int64)  # scratch rows used per tree (the root holds row 0)
         expandable = np.ones(cand.n, bool)
-        frontier = cand.roots
+        live = np.nonzero((deep >= 1) & (caps > 0))[0]  # trees that may grow at all
+        frontier = cand.roots[live]
+        q = q[torch.as_tensor(live, device=q.device)]
         for d in range(1, int(deep.max()) + 1):
             k = min(cfg.children(d), int(caps.max()))
             kids_ok = self._children(cand, frontier, q, k, d)
