@@ -24,9 +24,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-import sssd  # noqa: E402
-from sssd.engine.acceptance import verify_sampling, verify_specinfer  # noqa: E402
-from sssd.engine.engine import Engine, EngineConfig  # noqa: E402
+import sssd
+from sssd.engine.acceptance import verify_sampling, verify_specinfer
+from sssd.engine.engine import Engine, EngineConfig
 
 
 def load(which: str):
@@ -48,10 +48,11 @@ def load(which: str):
 
 
 class Refeeding:
-    """Wraps a drafter's adapter so that every level re-feeds all nodes fed earlier in the step."""
+    """Wraps a drafter's adapter to count the nodes fed per step; with ``refeed``, every level re-feeds all
+    nodes fed earlier in the step (what scoring the partial trees with ``forward_trees`` costs)."""
 
-    def __init__(self, drafter):
-        self.real, self.fed, self.nodes = drafter.adapter.forward_nodes, None, 0
+    def __init__(self, drafter, refeed: bool):
+        self.real, self.fed, self.nodes, self.refeed = drafter.adapter.forward_nodes, None, 0, refeed
         drafter.adapter.forward_nodes = self
         real_catch_up = drafter._catch_up
 
@@ -64,7 +65,7 @@ class Refeeding:
         drafter._catch_up = catch_up
 
     def __call__(self, slot, token, row, pos, anc, want):
-        if self.fed is None:
+        if self.fed is None or not self.refeed:
             self.nodes += len(slot)
             return self.real(slot, token, row, pos, anc, want)
         old = self.fed
@@ -80,7 +81,7 @@ class Refeeding:
 
 def time_propose(model, prompts, cfg, budget, refeed: bool, steps: int = 6) -> tuple[float, int, int]:
     d = sssd.ModelDrafter(model, cfg)
-    counter = Refeeding(d) if refeed else None
+    counter = Refeeding(d, refeed)
     for i, p in enumerate(prompts):
         d.add_request(i, p)
     rids = list(range(len(prompts)))
@@ -90,54 +91,51 @@ def time_propose(model, prompts, cfg, budget, refeed: bool, steps: int = 6) -> t
     for _ in range(steps):
         for r in rids:
             d.extend(r, rng.integers(5, 1000 if model.config.vocab_size > 1000 else 90, 3).astype(np.int32))
-        if counter is not None:
-            counter.nodes = 0
+        counter.nodes = 0
         t0 = time.perf_counter()
         b = d.propose(rids, budget)
         t += time.perf_counter() - t0
-        fed += counter.nodes if counter is not None else 0
+        fed += counter.nodes
     return t / steps, fed // steps, b.num_draft_nodes
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="smollm2", choices=["smollm2", "tiny"])
-    ap.add_argument("--new", type=int, default=48)
-    ap.add_argument("--budget", type=int, default=32)
-    ap.add_argument("--threads", type=int, default=1)
-    a = ap.parse_args()
-    torch.set_num_threads(a.threads)  # more threads than free cores makes small forwards much slower
-    torch.manual_seed(0)
-    target, second, prompts = load(a.model)
+def part1(target, prompts, budget: int) -> None:
+    print("## 1. propose: scratch K/V (expanded nodes fed once) vs re-feeding the partial trees each level")
     dyn = sssd.ModelDrafterConfig(top_k=4, max_depth=8)
-    print(f"# model={a.model} batch={len(prompts)} budget={a.budget} (global), torch threads={torch.get_num_threads()}")
-    print("## 1. propose: scratch K/V (feeds expanded nodes once) vs re-feeding the partial trees each level")
     for name, refeed in (("scratch", False), ("re-feed", True)):
-        s, fed, m = time_propose(target, prompts, dyn, a.budget, refeed)
-        print(f"{name:8s} propose {s * 1e3:7.1f} ms/step  tree nodes {m}" + (f"  nodes fed/step {fed}" if refeed else ""))
-    print("## 2. engine, greedy: MAL (tokens per request-step) and step time")
-    kinds = {"dynamic k=4 d=8": dyn, "expansion (4,2,2,1,1,1)": sssd.ModelDrafterConfig(expansion=(4, 2, 2, 1, 1, 1)),
-             "chain (1,)*8": sssd.ModelDrafterConfig(expansion=(1,) * 8)}  # fmt: skip
+        s, fed, m = time_propose(target, prompts, dyn, budget, refeed)
+        print(f"{name:8s} propose {s * 1e3:7.1f} ms/step  tree nodes {m}  nodes fed/step {fed} (+catch-up)")
+
+
+def part2(target, drafts, prompts, budget: int, new: int) -> None:
+    print("## 2. engine, greedy: MAL (tokens per request-step) and time")
+    kinds = {
+        "dynamic k=4 d=8": sssd.ModelDrafterConfig(top_k=4, max_depth=8),
+        "expansion (4,2,2,1,1,1)": sssd.ModelDrafterConfig(expansion=(4, 2, 2, 1, 1, 1)),
+        "chain (1,)*8": sssd.ModelDrafterConfig(expansion=(1,) * 8),
+    }
     plain = Engine(target, config=EngineConfig(budget=0))
     t0 = time.perf_counter()
-    ref = [r.tokens for r in plain.generate(prompts, max_new_tokens=a.new, eos_token_ids=())]
-    base = time.perf_counter() - t0
-    print(f"plain decoding: {base:.2f}s, {plain.stats.steps} steps")
-    drafts = [("self", target)] + ([("other", second)] if second is not None else [])
+    ref = [r.tokens for r in plain.generate(prompts, max_new_tokens=new, eos_token_ids=())]
+    print(f"plain decoding: {time.perf_counter() - t0:.2f}s, {plain.stats.steps} steps")
     for dname, dm in drafts:
         for kname, cfg in kinds.items():
-            e = Engine(target, drafter=sssd.ModelDrafter(dm, cfg), config=EngineConfig(budget=a.budget, budget_mode="fixed"))
+            cfg_e = EngineConfig(budget=budget, budget_mode="fixed")
+            e = Engine(target, drafter=sssd.ModelDrafter(dm, cfg), config=cfg_e)
             t0 = time.perf_counter()
-            out = [r.tokens for r in e.generate(prompts, max_new_tokens=a.new, eos_token_ids=())]
+            out = [r.tokens for r in e.generate(prompts, max_new_tokens=new, eos_token_ids=())]
             el = time.perf_counter() - t0
             s = e.stats
             mal = s.tokens / max(sum(h.batch_size for h in s.history), 1)
             print(f"draft={dname:5s} {kname:24s} MAL {mal:5.2f}  {el:6.2f}s  (draft {s.draft_time:5.2f}s, "
                   f"verify fwd {s.forward_time:5.2f}s)  same as plain: {out == ref}")  # fmt: skip
+
+
+def part3(target, drafts, prompt) -> None:
     print("## 3. sampling: accepted draft tokens, SpecInfer vs plain sampling verification, same trees")
     for dname, dm in drafts:
         d = sssd.ModelDrafter(dm, sssd.ModelDrafterConfig(expansion=(3, 2, 1), sampling=True, seed=3))
-        d.add_request(0, prompts[0])
+        d.add_request(0, prompt)
         rs, rp = np.random.default_rng(0), np.random.default_rng(0)
         spec = plain_n = 0
         for _ in range(6):
@@ -149,13 +147,34 @@ def main() -> None:
                     path.append(int(b.tokens[u]))
                     u = int(b.parents[u])
                 with torch.inference_mode():
-                    lg = target(torch.tensor([list(prompts[0]) + path[::-1]])).logits[0, -1]
+                    lg = target(torch.tensor([list(prompt) + path[::-1]])).logits[0, -1]
                 probs.append(torch.softmax(lg.double(), -1).numpy())
             p = np.stack(probs)
             for _ in range(40):
                 spec += len(verify_specinfer(b.tokens, b.parents, p, b.draft_probs, rs)[0]) - 1
                 plain_n += len(verify_sampling(b.tokens, b.parents, p, rp)[0]) - 1
         print(f"draft={dname:5s} 6 trees x 40 verifications: SpecInfer {spec}, plain sampling {plain_n}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="smollm2", choices=["smollm2", "tiny"])
+    ap.add_argument("--new", type=int, default=48)
+    ap.add_argument("--budget", type=int, default=32)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--parts", default="123", help="which parts to run, e.g. 13")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)  # more threads than free cores makes small forwards much slower
+    torch.manual_seed(0)
+    target, second, prompts = load(a.model)
+    drafts = [("self", target)] + ([("other", second)] if second is not None else [])
+    print(f"# model={a.model} batch={len(prompts)} budget={a.budget} (global), threads={a.threads}")
+    if "1" in a.parts:
+        part1(target, prompts, a.budget)
+    if "2" in a.parts:
+        part2(target, drafts, prompts, a.budget, a.new)
+    if "3" in a.parts:
+        part3(target, drafts, prompts[0])
 
 
 if __name__ == "__main__":
