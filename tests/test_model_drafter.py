@@ -235,6 +235,29 @@ def test_sampling_drafter_keeps_the_target_distribution():
     assert engine.stats.accepted > 0
 
 
+def test_draft_probs_survive_the_adaptive_policys_truncation():
+    """The default (adaptive) policy cuts the batch with ``truncate``: draft distributions stay aligned."""
+    seen = []
+    cfg = sssd.ModelDrafterConfig(top_k=3, max_depth=4, sampling=True, seed=1)
+    engine = Engine(tiny_model("qwen2"), drafter=sssd.ModelDrafter(tiny_model("qwen2"), cfg),
+                    config=EngineConfig(budget=12))  # fmt: skip
+    select = engine.policy.select
+
+    def spy(view, batch):
+        out = select(view, batch)
+        seen.append((batch.num_draft_nodes, out.num_draft_nodes, out.num_nodes, out.draft_probs))
+        return out
+
+    engine.policy.select = spy
+    res = engine.generate(
+        make_prompts(3, seed=25), max_new_tokens=12, temperature=1.0, seed=0, eos_token_ids=()
+    )
+    assert all(len(r.tokens) == 12 for r in res) and engine.stats.accepted > 0
+    for _, _, n, dp in seen:
+        assert dp is not None and dp.shape == (n, VOCAB)
+    assert any(0 < m < k for k, m, _, _ in seen)  # the policy did cut some batches
+
+
 def _tree_target_probs(model, prompt, batch) -> np.ndarray:
     """Target distribution after every node of a single-tree batch (context = prompt + path)."""
     out = []
