@@ -47,6 +47,7 @@ import torch
 from sssd.checks import check_bool, check_int, check_real, int_array
 from sssd.drafter.assemble import Candidates, ModelDraftBatch, build_batch, select
 from sssd.drafter.calibration import SOURCES
+from sssd.drafter.model_calibration import ScoreTable, record_batch
 from sssd.drafter.retrieval import UnknownRequestError, _request_ids, _tokens, is_scalar_budget
 from sssd.engine.adapter import ModelAdapter, StepContext
 from sssd.engine.kv_cache import StepWrites
@@ -66,6 +67,8 @@ class ModelDrafterConfig:
     distinct: bool = True  # sampling: siblings drawn without replacement (else i.i.d., repeats kept)
     temperature: float = 1.0  # of the draft distribution q (scores and sampling)
     seed: int | None = None  # sampling: seed of the draft's random generator (None: fresh entropy)
+    calibrate: bool = True  # node p from an online table over (sibling rank, q) fed by observe(); else q
+    calibration_prior: float = 20.0  # weight (in observed nodes) of the prior p = q in that table
     catchup_chain: int = 32  # pending tokens up to this go into the first level's forward, more are prefilled
     prefill_chunk: int = 512
     initial_cache_rows: int = 256
@@ -88,6 +91,9 @@ class ModelDrafterConfig:
         check_int(self.initial_cache_rows, "initial_cache_rows", lo=1)
         check_bool(self.sampling, "sampling")
         check_bool(self.distinct, "distinct")
+        check_bool(self.calibrate, "calibrate")
+        if not check_real(self.calibration_prior, "calibration_prior") > 0:
+            raise ValueError(f"calibration_prior must be > 0, got {self.calibration_prior}")
         if not check_real(self.temperature, "temperature") > 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if self.seed is not None:
@@ -167,6 +173,7 @@ class ModelDrafter:
         self._slots: list[int] = []  # request id of each cache slot
         seed = cfg.seed if cfg.seed is not None else int(np.random.SeedSequence().entropy % (1 << 63))
         self._gen = torch.Generator(device=self.device).manual_seed(seed)
+        self.scores = ScoreTable(cfg.calibration_prior)  # used when cfg.calibrate
         self.observed_trees = 0
         self.observed_accepted = 0
 
@@ -227,14 +234,22 @@ class ModelDrafter:
         return len(self._ctx[self._known(rid)])
 
     def observe(self, rids: Sequence[int], batch: Any, accepted_counts: Any) -> int:
-        """Counts accepted draft nodes (no online calibration: node scores are the raw q). Returns the
-        number of trees recorded."""
+        """Feed back verification (``accepted_counts[i]`` draft nodes of tree i were accepted) into the
+        score table. The accepted tokens are read from the context: call it after ``extend``. Trees of
+        removed requests are skipped. Returns the number of trees recorded."""
+        ids = _request_ids(rids)
         acc = int_array(np.reshape(accepted_counts, -1), "accepted_counts", lo=0)
-        if len(acc) != len(_request_ids(rids)):
-            raise ValueError(f"got {len(acc)} accepted counts for {len(_request_ids(rids))} trees")
+        if len(acc) != len(ids) or len(np.asarray(batch.request_ids)) != len(ids):
+            raise ValueError(
+                f"got {len(acc)} accepted counts and {len(batch.request_ids)} trees for {len(ids)} rids"
+            )
+        paths: list[list[int] | None] = []
+        for r, a, c in zip(ids.tolist(), acc.tolist(), np.asarray(batch.context_len).tolist(), strict=True):
+            ctx = self._ctx.get(r)
+            paths.append(ctx[c : c + a] if ctx is not None and len(ctx) >= c + a else None)
         self.observed_trees += len(acc)
         self.observed_accepted += int(acc.sum())
-        return len(acc)
+        return record_batch(self.scores, batch, paths)
 
     # ---- drafting ----
     def propose(
@@ -333,7 +348,8 @@ class ModelDrafter:
             for j in range(1, k):
                 ok[:, j] = ~(idx[:, :j] == idx[:, j : j + 1]).any(axis=1)
         pkey = cand.key[frontier]
-        key = np.minimum.accumulate(pkey[:, None] * vals, axis=1)  # non-increasing along the draw order
+        p = self.scores(vals, np.broadcast_to(np.arange(k), vals.shape)) if cfg.calibrate else vals
+        key = np.minimum.accumulate(pkey[:, None] * p, axis=1)  # non-increasing along the draw order
         prob = np.where(pkey[:, None] > 0, key / np.maximum(pkey[:, None], 1e-300), 0.0)
         f = np.broadcast_to(frontier[:, None], idx.shape)
         m = live.reshape(-1)
