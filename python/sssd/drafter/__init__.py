@@ -7,8 +7,9 @@ budget allocation and selection as pure functions (``allocation``), the tree met
 (``buffers``: positions, ancestor masks, accepted-path indexes) and the Python oracle of all of it
 (``reference``). Beside the retrieval drafter, with the same API: ``model.py`` (``ModelDrafter``: a small
 causal LM as the drafter, expansion or dynamic trees, greedy or sampled with draft distributions),
-``merge.py`` (``MergedDrafter``: several drafters' trees merged into one per request) and ``assemble.py``
-(best-first selection over candidate nodes and packing into a ``DraftBatch``, numpy only).
+``model_calibration.py`` (its online score table), ``merge.py`` (``MergedDrafter``: several drafters'
+trees merged into one per request) and ``assemble.py`` (best-first selection over candidate nodes and
+packing into a ``DraftBatch``, numpy only).
 
 May import: ``sssd.datastore``, ``sssd._core``, ``sssd.fileio`` and numpy. Never the policy; never the
 engine or torch, with one exception: ``model.py`` imports ``sssd.engine`` (the ``ModelAdapter`` and

@@ -14,13 +14,14 @@ accepted tokens and never holds rejected drafts.
 Trees grow one level per forward for the whole batch. The nodes fed at a level are only those that get
 expanded (their K/V land in the slot's scratch rows after the committed ones and stay there for the rest of
 the step, so deeper levels attend to their ancestors without recomputing them); a node that is not
-expanded is never run through the draft model. A node's key is ``f(v) = f(parent) q(v)`` (the draft
-probabilities along the path). After each level, all candidates are selected best-first by key under the
-step's budget (global across the batch, or per request), and exactly the selected nodes of the newest
-level are expanded next: a node outside the selection now can never enter it later (keys only shrink
-downwards and the selection's threshold only rises), so the final trees are the best-first trees under
-the budget among the ``k`` best children per node (``expansion=(k1, ..., kd)``: ``k_d`` children at depth
-``d``; dynamic (default): ``top_k`` children per node down to ``max_depth``).
+expanded is never run through the draft model. A node's key is ``f(v) = f(parent) p(v)``, p = the draft
+probability q of its token, calibrated online by ``observe`` (``model_calibration``: the acceptance rate
+per sibling rank and q bin) unless ``calibrate=False``. After each level, all candidates are selected
+best-first by key under the step's budget (global across the batch, or per request), and exactly the
+selected nodes of the newest level are expanded next: a node outside the selection now can never enter
+it later (keys only shrink downwards and the selection's threshold only rises), so the final trees are
+the best-first trees under the budget among the ``k`` best children per node (``expansion=(k1, ..., kd)``:
+``k_d`` children at depth ``d``; dynamic (default): ``top_k`` children per node down to ``max_depth``).
 
 Sampling (``sampling=True``): a node's children are random draws from the draft distribution q (at
 ``temperature``) and the batch carries ``draft_probs`` so that the engine verifies with multi-step
