@@ -292,6 +292,34 @@ def test_draft_probs_survive_the_adaptive_policys_truncation():
     assert any(0 < m < k for k, m, _, _ in seen)  # the policy did cut some batches
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_specinfer_is_lossless_for_siblings_drawn_without_replacement(seed):
+    """Children drawn without replacement, each verified with q minus its earlier siblings (renormalized):
+    the first token still follows the target (many trials on a 12-token vocabulary, sharp q)."""
+    from test_engine_sampling import random_dist
+
+    rng = np.random.default_rng(300 + seed)
+    v = 12
+    p = random_dist(rng, v, 1.5)
+    q = random_dist(rng, v, 2.5)
+    draw, verify = np.random.default_rng(seed), np.random.default_rng(seed + 9)
+    counts: dict[int, int] = {}
+    n = 12000
+    for _ in range(n):
+        toks, rows, left = [0], [np.zeros(v)], q.copy()
+        for _ in range(4):  # sequential draws without replacement = Gumbel top-k
+            row = left / left.sum()
+            x = int(draw.choice(v, p=row))
+            toks.append(x)
+            rows.append(row)
+            left[x] = 0
+        path, bonus = verify_specinfer(np.array(toks), np.array([-1, 0, 0, 0, 0]), np.tile(p, (5, 1)),
+                                       np.stack(rows), verify)  # fmt: skip
+        first = toks[path[1]] if len(path) > 1 else bonus
+        counts[first] = counts.get(first, 0) + 1
+    assert_matches(counts, dict(enumerate(p)), n)
+
+
 def _tree_target_probs(model, prompt, batch) -> np.ndarray:
     """Target distribution after every node of a single-tree batch (context = prompt + path)."""
     out = []

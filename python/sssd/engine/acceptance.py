@@ -47,9 +47,12 @@ def specinfer_node(
     """Multi-step speculative sampling (SpecInfer) at one node with target ``probs`` ``[V]``.
 
     ``kids``: the node's children; ``draft_probs[c]`` is the draft distribution ``q`` child ``c`` was drawn
-    from (the children of one node must be independent draws from the same ``q``). Try the children in
-    order, accept child ``x`` with probability ``min(1, p(x)/q(x))``; after a rejection
-    ``p ← normalize(max(p - q, 0))``. If every child is rejected the token is drawn from the residual ``p``.
+    from given the earlier children: independent draws from the same ``q`` (a repeated token is then a
+    separate child), or draws without replacement with row ``c`` = ``q`` without the earlier siblings'
+    tokens, renormalized (each try is then an exact one-draft step against the residual, which already
+    gives rejected tokens probability 0). Try the children in order, accept child ``x`` with probability
+    ``min(1, p(x)/q_c(x))``; after a rejection ``p ← normalize(max(p - q_c, 0))``. If every child is
+    rejected the token is drawn from the residual ``p``.
     Returns (accepted child or None, token).
     """
     p = np.array(probs, dtype=np.float64)
