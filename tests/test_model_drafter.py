@@ -408,7 +408,8 @@ def test_bad_arguments():
         d.propose([1, 1], 4)
 
 
-def test_a_failing_draft_model_mid_step_costs_no_token():
+@pytest.mark.parametrize("merged", [False, True])
+def test_a_failing_draft_model_mid_step_costs_no_token(merged):
     family = "mistral"
     prompts = make_prompts(4, seed=23)
     drafter = sssd.ModelDrafter(tiny_model(family), KINDS["dynamic"])
@@ -422,10 +423,12 @@ def test_a_failing_draft_model_mid_step_costs_no_token():
         return real(*a, **k)
 
     drafter.adapter.forward_nodes = flaky
-    engine = Engine(tiny_model(family), drafter=drafter, config=EngineConfig(budget=10, max_batch_size=3))
+    outer = sssd.MergedDrafter([sssd.Drafter(), drafter]) if merged else drafter
+    engine = Engine(tiny_model(family), drafter=outer, config=EngineConfig(budget=10, max_batch_size=3))
     out = join_and_leave(engine, prompts, [NEW] * 4)
     assert out == [reference(family, p, NEW) for p in prompts]
     assert engine.stats.drafter_errors > 0 and engine.stats.accepted > 0
+    assert len(outer) == 0 and len(drafter) == 0 and drafter.adapter.cache.num_active == 0
 
 
 def test_simulator_runs_model_and_merged_drafters():
