@@ -250,11 +250,13 @@ def test_merged_trees_union_paths_and_mark_their_sources():
 
 
 # -- sampling ------------------------------------------------------------------------------------------
-def test_sampling_drafter_keeps_the_target_distribution():
+@pytest.mark.parametrize("distinct", [True, False])
+def test_sampling_drafter_keeps_the_target_distribution(distinct):
     target, draft = tiny_model("llama"), other("llama")
     prompt = [5, 7, 9, 2]
     p1 = next_probs(target, prompt)
-    cfg = sssd.ModelDrafterConfig(expansion=(3, 2), sampling=True, seed=0)
+    # a low draft temperature makes i.i.d. siblings repeat often
+    cfg = sssd.ModelDrafterConfig(expansion=(3, 2), sampling=True, distinct=distinct, temperature=0.5, seed=0)
     engine = Engine(target, drafter=sssd.ModelDrafter(draft, cfg),
                     config=EngineConfig(budget=9, per_request_budget=True, max_batch_size=64))  # fmt: skip
     n = 1536
