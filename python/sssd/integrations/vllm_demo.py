@@ -124,8 +124,15 @@ def run_in_child(job: dict, timeout: float = 1800) -> dict:
             capture_output=True, text=True, timeout=timeout,
         )  # fmt: skip
         if proc.returncode != 0 or not result.is_file():
-            tail = "\n".join((proc.stderr or "").splitlines()[-80:])
-            raise RuntimeError(f"vLLM run {job['method']} (batch {job['batch']}) failed:\n{tail}")
+            lines = ((proc.stdout or "") + "\n" + (proc.stderr or "")).splitlines()  # vLLM logs to stdout
+            # vLLM reports a worker's exception in its log, above its own "initialization failed"
+            causes = dict.fromkeys(
+                ln.split("] ", 1)[-1] for ln in lines if "Error: " in ln or "Exception: " in ln
+            )
+            tail = "\n".join(lines[-30:])
+            raise RuntimeError(
+                f"vLLM run {job['method']} (batch {job['batch']}) failed: " + " | ".join(causes) + f"\n{tail}"
+            )
         return json.loads(result.read_text())
 
 
