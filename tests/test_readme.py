@@ -74,3 +74,25 @@ def test_python_blocks_run(index, tmp_path):
     assert run.returncode == 0, (
         f"README python block {index} failed:\n{code}\n--- stderr:\n{run.stderr[-3000:]}"
     )
+
+
+def test_the_vllm_commands_are_what_ci_runs():
+    """The README's 'Serving with vLLM' install and demo are run by CI's vLLM step (tools/ci_vllm.sh)."""
+    text = README.read_text(encoding="utf-8")
+    section = text[text.index("## Serving with vLLM") :]
+    code = next(m["code"] for m in BLOCK.finditer(section) if m["lang"] == "bash")
+    ci = (ROOT / "tools" / "ci_vllm.sh").read_text()
+    for line in code.splitlines():
+        command = line.split("#")[0].strip()
+        for step in filter(None, (s.strip() for s in command.split("&&"))):
+            if step.startswith("pip "):
+                assert (
+                    "python3 -m "
+                    + step.replace("pip install", "pip install -q", 1).replace(
+                        "pip uninstall -y", "pip uninstall -q -y", 1
+                    )
+                    in ci
+                ), step
+            elif step.startswith("python -m sssd"):
+                assert step.replace("python ", "python3 ", 1) in ci, step
+    assert "bash tools/ci_vllm.sh" in (ROOT / ".ci" / "run").read_text()
