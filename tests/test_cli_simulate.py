@@ -190,3 +190,19 @@ def test_calibrate_then_simulate_with_the_table(pairs_file, datastore_file, tmp_
 def test_drafter_configuration_errors(pairs_file, argv, capsys):
     assert main([argv[0], "--pairs", str(pairs_file), *argv[1:]]) == 2
     assert capsys.readouterr().err.startswith(f"sssd {argv[0]}: error:")
+
+
+def test_simulate_with_a_draft_model_adds_model_and_merged_rows(pairs_file, tmp_path, capsys):
+    from tiny_models import tiny_model
+
+    model_dir = tmp_path / "draft"
+    tiny_model("llama").save_pretrained(model_dir)  # vocabulary 96 covers the pairs' ids (< 30)
+    rc = main(["simulate", "--pairs", str(pairs_file), "--budget", "4", "--batch-size", "3",
+               "--draft-model", str(model_dir), "--json", str(tmp_path / "r.json")])  # fmt: skip
+    text = capsys.readouterr().out
+    assert rc == 0
+    labels = [r["drafter"] for r in json.loads((tmp_path / "r.json").read_text())["results"]]
+    assert labels[1:] == ["model(draft)", "merged(sssd+model(draft))"]
+    assert "| model(draft) | 4 |" in text
+    mal = {r["drafter"]: r["mal"] for r in json.loads((tmp_path / "r.json").read_text())["results"]}
+    assert mal["merged(sssd+model(draft))"] >= 1.0 and mal[labels[0]] > 1.0

@@ -60,6 +60,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--subsets", help="comma list of pair subsets to keep, e.g. mtbench,humaneval (default: all)"
     )
     p.add_argument("--limit", type=int, help="use only the first N pairs (default: all)")
+    p.add_argument(
+        "--draft-model",
+        help="a draft model directory (e.g. from sssd tune-drafter): adds the model drafter's rows and "
+        "those of the retrieval drafter and the model merged into one tree (calibrated online)",
+    )
+    p.add_argument("--draft-top-k", type=int, default=4, help="model drafter: children per expanded node")
     p.add_argument("--details", action="store_true", help="also print acceptance per source and per depth")
     p.add_argument("--json", dest="json_out", help="write the results as JSON to this file")
 
@@ -88,8 +94,11 @@ def run(args: argparse.Namespace) -> int:
     specs = [DrafterSpec(args.baseline, tuple(args.sources), args.calibration, args.datastore, args.online)]
     if args.compare and args.baseline is None:
         specs.append(DrafterSpec(baseline=BASELINES[0]))
-    for spec in specs:
-        make_drafter(spec, ds)  # fail early (before the table header) on a bad configuration
+    rows = [(spec.label(), lambda spec=spec: make_drafter(spec, ds), spec.online) for spec in specs]
+    for _, factory, _ in rows:
+        factory()  # fail early (before the table header) on a bad configuration
+    if args.draft_model:
+        rows += _model_rows(args, specs[0], ds)
     n_prompt, n_out = total_tokens(pairs)
     print(f"pairs: {len(pairs)} ({n_prompt:,} prompt tokens, {n_out:,} output tokens)")
     print(f"batch size {args.batch_size}, allocation {args.allocation}, online calibration {args.online}\n")
@@ -106,17 +115,17 @@ def run(args: argparse.Namespace) -> int:
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     results = []
-    for spec in specs:
+    for label, factory, online in rows:
         for budget in args.budget:
             r = simulate(
-                make_drafter(spec, ds),
+                factory(),
                 pairs,
                 budget=budget,
                 batch_size=args.batch_size,
                 allocation=args.allocation,
-                observe=spec.online,
+                observe=online,
             )
-            cells = [spec.label(), str(budget), f"{r.mal:.3f}", *[f"{r.subset_mal(s):.3f}" for s in subsets]]
+            cells = [label, str(budget), f"{r.mal:.3f}", *[f"{r.subset_mal(s):.3f}" for s in subsets]]
             cells += [
                 f"{r.drafted_tokens / r.steps:.1f}",
                 f"{r.acceptance_rate:.3f}",
@@ -124,20 +133,41 @@ def run(args: argparse.Namespace) -> int:
             ]
             print("| " + " | ".join(cells) + " |")
             sys.stdout.flush()
-            results.append((spec, r))
+            results.append((label, r))
     if args.details:
-        for spec, r in results:
-            _print_details(spec.label(), r)
+        for label, r in results:
+            _print_details(label, r)
     if args.json_out:
         doc = {
             "pairs": args.pairs,
             "batch_size": args.batch_size,
-            "results": [{"drafter": spec.label(), **result_to_json(r)} for spec, r in results],
+            "results": [{"drafter": label, **result_to_json(r)} for label, r in results],
         }
         from sssd.fileio import write_text_atomic
 
         write_text_atomic(args.json_out, json.dumps(doc, indent=1))
     return 0
+
+
+def _model_rows(args: argparse.Namespace, spec: DrafterSpec, ds) -> list:
+    """Rows for ``--draft-model``: the model drafter alone, and merged with the retrieval drafter of
+    ``spec``. Both calibrate online (the model drafter's scores start as raw draft probabilities)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from sssd.drafter.merge import MergedDrafter
+    from sssd.drafter.model import ModelDrafter, ModelDrafterConfig
+
+    if args.draft_top_k < 1:
+        raise ValueError("--draft-top-k must be >= 1")
+    model = AutoModelForCausalLM.from_pretrained(args.draft_model, torch_dtype=torch.float32).eval()
+    cfg = ModelDrafterConfig(top_k=args.draft_top_k)
+    name = f"model({args.draft_model.rstrip('/').split('/')[-1]})"
+
+    def merged():
+        return MergedDrafter([make_drafter(spec, ds), ModelDrafter(model, cfg)])
+
+    return [(name, lambda: ModelDrafter(model, cfg), True), (f"merged(sssd+{name})", merged, True)]
 
 
 def _print_details(label: str, r) -> None:
