@@ -60,7 +60,7 @@ def main() -> int:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
     from transformers import AutoModelForCausalLM
 
-    draft = AutoModelForCausalLM.from_pretrained(args.draft, torch_dtype=torch.float32).eval()
+    draft = AutoModelForCausalLM.from_pretrained(args.draft, dtype=torch.float32).eval()
     pairs = dev_pairs(args.pairs, args.max_new)
     tmp = tempfile.mkdtemp(prefix="sssd-bench-")
     path = Path(tmp) / "outputs.sssd"

@@ -160,7 +160,7 @@ def _model_rows(args: argparse.Namespace, spec: DrafterSpec, ds) -> list:
 
     if args.draft_top_k < 1:
         raise ValueError("--draft-top-k must be >= 1")
-    model = AutoModelForCausalLM.from_pretrained(args.draft_model, torch_dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(args.draft_model, dtype=torch.float32).eval()
     cfg = ModelDrafterConfig(top_k=args.draft_top_k)
     name = f"model({args.draft_model.rstrip('/').split('/')[-1]})"
 
