@@ -143,6 +143,22 @@ def test_adaptive_policy_backs_off_when_speculation_does_not_pay():
     assert drafter.calls < 10  # probes with back-off instead of proposing every step
 
 
+def test_adaptive_policy_backs_off_from_a_drafter_whose_own_time_does_not_pay():
+    # good trees (p = 0.6) from a drafter that takes as long as a forward: once a tree is drafted it is
+    # worth verifying (budget > 0), but drafting at all loses to plain decoding, so the policy stops
+    # calling the drafter (probes only); a cheap drafter with the same trees is called every step
+    trees = make_batch([chain(8, 0.6)])
+    slow, fast = FakeDrafter(trees), FakeDrafter(trees)
+    p_slow = BudgetPolicy(BudgetConfig(max_backoff=8), flat_cost(per_token=1e-4, const=1e-2, draft=2e-2))
+    p_fast = BudgetPolicy(BudgetConfig(max_backoff=8), flat_cost(per_token=1e-4, const=1e-2, draft=1e-4))
+    first = p_slow.step(slow, _view([0], [25]))
+    assert first.budget > 0  # the drafted tree is verified
+    for _ in range(30):
+        p_slow.step(slow, _view([0], [25]))
+        p_fast.step(fast, _view([0], [25]))
+    assert slow.calls < 10 and fast.calls == 30
+
+
 def test_adaptive_policy_slo_mode_meets_tight_target():
     b = make_batch([chain(8, 0.9), chain(8, 0.6), chain(8, 0.9)])
     cost = flat_cost(per_token=5e-4, const=0.05)

@@ -328,9 +328,12 @@ class BudgetPolicy:
         return t, p
 
     def _update_backoff(self, choice: BudgetChoice, b: int, n_context: int) -> None:
-        """Stops calling the drafter while speculation loses to plain decoding (draft time included)."""
+        """Stops calling the drafter while speculation loses to plain decoding, draft time included: even
+        the best budget of this step's (already drafted) batch is predicted to produce fewer tokens per
+        second than a step without the drafter. An expensive drafter (a draft model on a CPU) is then
+        called only on the back-off's probes, even when its tree, once paid for, is worth verifying."""
         plain = b / max(self._predict(b, n_context, 0, False), 1e-9)
-        if choice.budget == 0 and float(choice.goodput.max()) <= plain:
+        if float(choice.goodput.max()) <= plain:
             self._skip = self._backoff
             self._backoff = min(2 * self._backoff, self.config.max_backoff)
         else:
