@@ -71,6 +71,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--eval-pairs", help="pairs JSONL never trained on: agreement before and after tuning")
     p.add_argument("--eval-every", type=int, default=100, help="steps between held-out evaluations")
     p.add_argument("--seed", type=int, default=0, help="seed of the split, the shuffle and the init")
+    p.add_argument("--device", default="auto", help="auto (a GPU when torch sees one), cpu, cuda, cuda:1")
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--force", action="store_true", help="replace an existing --out directory")
 
@@ -158,10 +159,10 @@ def _initial_draft(args: argparse.Namespace, target: Any, k: int) -> Any:
     from sssd.models.draft import check_vocab, derive_draft
 
     if Path(args.draft).is_dir():
-        draft = AutoModelForCausalLM.from_pretrained(args.draft, dtype=target.dtype).eval()
+        draft = AutoModelForCausalLM.from_pretrained(args.draft, dtype=target.dtype).to(target.device).eval()
         check_vocab(draft, target)
         return draft
-    return derive_draft(target, args.draft, seed=args.seed + k)
+    return derive_draft(target, args.draft, seed=args.seed + k).to(target.device)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -185,10 +186,11 @@ def run(args: argparse.Namespace) -> int:
     eval_docs = _pairs_docs(args.eval_pairs, vocab) if args.eval_pairs else []
     if Path(args.draft).is_dir():
         _check_draft_dir(args.draft, vocab)
-    target, tokenizer, path = load_model(args.target, "float32", "cpu")
+    target, tokenizer, path = load_model(args.target, "float32", args.device)
     train, held = pack(train_docs), (pack(held_docs) if held_docs else None)
     _log(
-        f"target {path}; {len(train_docs)} training documents ({train.targets:,} target tokens), "
+        f"target {path} on {target.device}; {len(train_docs)} training documents "
+        f"({train.targets:,} target tokens), "
         f"{len(held_docs)} held out; draft {args.draft}, {args.drafts} draft(s) x {cfg.steps} steps of "
         f"{cfg.batch_size}x{cfg.seq_len} tokens"
     )

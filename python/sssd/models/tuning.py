@@ -148,14 +148,14 @@ class Packed:
     def rows(self, seq_len: int) -> int:
         return len(self.tokens) // seq_len if len(self.tokens) >= seq_len else int(len(self.tokens) > 0)
 
-    def batch(self, rows: Sequence[int], seq_len: int) -> tuple[Any, Any, Any]:
-        """(input ids, position ids, labels) [len(rows), seq_len] torch int64 (last row may be shorter:
-        then seq_len is the stream length)."""
+    def batch(self, rows: Sequence[int], seq_len: int, device: Any = "cpu") -> tuple[Any, Any, Any]:
+        """(input ids, position ids, labels) [len(rows), seq_len] torch int64 on ``device`` (a stream
+        shorter than ``seq_len`` is one row of its length)."""
         import torch
 
         seq_len = min(seq_len, len(self.tokens))
         idx = np.asarray(rows)[:, None] * seq_len + np.arange(seq_len)[None, :]
-        return tuple(torch.from_numpy(a[idx]) for a in (self.tokens, self.positions, self.labels))
+        return tuple(torch.from_numpy(a[idx]).to(device) for a in (self.tokens, self.positions, self.labels))
 
 
 def pack(docs: Sequence[Doc]) -> Packed:
@@ -203,6 +203,10 @@ def _lr_factor(step: int, cfg: TuneConfig) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, done)))
 
 
+def _device(model: Any) -> Any:
+    return next(model.parameters()).device
+
+
 def _logits(model: Any, ids: Any, pos: Any) -> Any:
     """[B, L, V] logits. No KV cache: with none, transformers reads document starts (position id not
     one more than the previous) from ``pos`` and keeps packed documents from attending to each other."""
@@ -215,11 +219,11 @@ def boost_weights(earlier: Sequence[Any], ids: Any, pos: Any, labels: Any, beta:
     import torch
 
     valid = labels != IGNORE
-    hit = torch.zeros(int(valid.sum()), dtype=torch.bool)
+    hit = torch.zeros(int(valid.sum()), dtype=torch.bool, device=labels.device)
     with torch.no_grad():
         for m in earlier:
             hit |= _logits(m, ids, pos)[valid].argmax(-1) == labels[valid]
-    return torch.where(hit, torch.tensor(beta), torch.tensor(1.0))
+    return torch.where(hit, beta, 1.0).float()
 
 
 def step_loss(
@@ -254,9 +258,9 @@ def stream_agreement(models: Sequence[Any], data: Packed, seq_len: int, max_toke
     total = 0
     with torch.no_grad():
         for r in range(0, n_rows, 8):
-            ids, pos, labels = data.batch(range(r, min(r + 8, n_rows)), seq_len)
+            ids, pos, labels = data.batch(range(r, min(r + 8, n_rows)), seq_len, _device(models[0]))
             valid = labels != IGNORE
-            any_hit = torch.zeros(int(valid.sum()), dtype=torch.bool)
+            any_hit = torch.zeros(int(valid.sum()), dtype=torch.bool, device=ids.device)
             for k, m in enumerate(models):
                 hit = _logits(m, ids, pos)[valid].argmax(-1) == labels[valid]
                 hits[k] += int(hit.sum())
@@ -278,9 +282,9 @@ def doc_agreement(models: Sequence[Any], docs: Sequence[Doc]) -> tuple[list[floa
         for d in docs:
             if d.loss_start >= len(d.tokens):
                 continue
-            ids = torch.from_numpy(d.tokens.astype(np.int64))[None]
+            ids = torch.from_numpy(d.tokens.astype(np.int64))[None].to(_device(models[0]))
             want = ids[0, d.loss_start :]
-            any_hit = torch.zeros(len(want), dtype=torch.bool)
+            any_hit = torch.zeros(len(want), dtype=torch.bool, device=ids.device)
             for k, m in enumerate(models):
                 hit = _logits(m, ids, None)[0, d.loss_start - 1 : -1].argmax(-1) == want
                 hits[k] += int(hit.sum())
@@ -335,7 +339,7 @@ def train_draft(
             order, cursor = torch.randperm(n_rows, generator=gen).repeat(1 + cfg.batch_size // n_rows), 0
         rows = order[cursor : cursor + cfg.batch_size].tolist()
         cursor += cfg.batch_size
-        ids, pos, labels = train.batch(rows, cfg.seq_len)
+        ids, pos, labels = train.batch(rows, cfg.seq_len, _device(draft))
         weights = boost_weights(earlier, ids, pos, labels, cfg.boost_weight)
         draft.train()
         for group in opt.param_groups:
