@@ -46,10 +46,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "model directory to continue from",
     )
     p.add_argument("--drafts", type=int, default=1, help="drafts to train in turn (boosting when > 1)")
-    p.add_argument("--steps", type=int, default=300, help="optimizer steps per draft")
+    p.add_argument("--steps", type=int, default=200, help="optimizer steps per draft")
     p.add_argument("--batch-size", type=int, default=4, help="packed rows per step")
     p.add_argument("--seq-len", type=int, default=128, help="tokens per packed row")
-    p.add_argument("--lr", type=float, default=5e-4, help="AdamW peak learning rate (warm-up, cosine decay)")
+    p.add_argument("--lr", type=float, default=2e-3, help="AdamW peak learning rate (warm-up, cosine decay)")
     p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay of the matrices")
     p.add_argument("--warmup", type=int, default=20, help="steps of linear learning-rate warm-up")
     p.add_argument(

@@ -39,10 +39,10 @@ IGNORE = -100  # label of a position without a target token (cross_entropy's ign
 class TuneConfig:
     """Training settings (one draft). Defaults fit SmolLM2-135M on a 2-core CPU in a few minutes."""
 
-    steps: int = 300
+    steps: int = 200
     batch_size: int = 4  # rows per step
     seq_len: int = 128  # tokens per row
-    lr: float = 5e-4
+    lr: float = 2e-3
     weight_decay: float = 0.01
     warmup: int = 20  # steps of linear warm-up
     kl_weight: float = 0.0  # 0: cross-entropy to the target's tokens only; 1: KL to its logits only
@@ -353,12 +353,13 @@ def train_draft(
         loss_value = float(loss.detach())
         stats.losses.append((step + 1, loss_value))
         last = step + 1 == cfg.steps
-        if (step + 1) % 10 == 0 or last or step == 0:
+        eval_now = evaluate and ((cfg.eval_every and (step + 1) % cfg.eval_every == 0) or last)
+        if (step + 1) % 10 == 0 or last or step == 0 or eval_now:
             rate = stats.tokens / (time.perf_counter() - t0)
             line = f"step {step + 1}/{cfg.steps}: loss {loss_value:.3f}, {rate:,.0f} tokens/s"
             if earlier:
                 line += f", {float((weights == 1).float().mean()):.0%} of positions missed by earlier drafts"
-            if evaluate and ((cfg.eval_every and (step + 1) % cfg.eval_every == 0) or last):
+            if eval_now:
                 draft.eval()
                 acc = stream_agreement([draft], held_out, cfg.seq_len, cfg.eval_tokens)[0]
                 stats.agreement_after = acc
