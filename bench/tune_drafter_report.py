@@ -46,21 +46,22 @@ def one_token_ms(models: list, context: int, repeats: int) -> list[float]:
     from transformers import DynamicCache
 
     caches = []
-    ids = torch.randint(100, 1000, (1, context), generator=torch.Generator().manual_seed(0))
+    vocab = models[0].config.vocab_size
+    ids = torch.randint(0, vocab, (1, context), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         for m in models:
             cache = DynamicCache(config=m.config)
-            m(input_ids=ids, past_key_values=cache, use_cache=True)
+            m(input_ids=ids, cache=cache, use_cache=True)
             caches.append(cache)
-        one = torch.tensor([[123]])
+        one = torch.tensor([[int(ids[0, -1])]])
         pos = torch.tensor([[context]])
         times: list[list[float]] = [[] for _ in models]
         for r in range(repeats + 3):
             for k, (m, cache) in enumerate(zip(models, caches, strict=True)):
                 t0 = time.perf_counter()
-                m(input_ids=one, position_ids=pos, past_key_values=cache, use_cache=True)
+                m(input_ids=one, position_ids=pos, cache=cache, use_cache=True)
                 dt = time.perf_counter() - t0
-                cache.crop(context)
+                cache.crop(-1)  # back to the context: every call sees the same cache
                 if r >= 3:  # warm-up
                     times[k].append(dt)
     return [1e3 * statistics.median(t) for t in times]
