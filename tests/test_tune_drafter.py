@@ -6,6 +6,7 @@ inputs or an interrupted run leave one error line and nothing half-written."""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -172,6 +173,10 @@ def test_cli_writes_a_loadable_draft_and_a_report(tiny_target, tmp_path, capsys)
     report = json.loads((out / "tune_report.json").read_text())
     assert 0 <= report["drafts"][0]["eval_agreement_after"] <= 1
     assert [p.name for p in tmp_path.iterdir()] == ["draft"]  # no temporary directory left
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (out / "model.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask
+    assert out.stat().st_mode & 0o777 == 0o777 & ~umask
 
 
 def test_cli_boosting_writes_one_directory_per_draft(tiny_target, tmp_path, capsys):

@@ -179,7 +179,7 @@ def atomic_directory(out: str | os.PathLike[str], *, force: bool = False) -> Ite
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp", dir=out.parent))
     try:
         yield tmp
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it 0700; a model dir follows the user's umask
+        _follow_umask(tmp)
         if out.exists():
             old = out.with_name(f".{out.name}.old{os.getpid()}")
             os.replace(out, old)
@@ -189,6 +189,15 @@ def atomic_directory(out: str | os.PathLike[str], *, force: bool = False) -> Ite
             os.replace(tmp, out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _follow_umask(root: Path) -> None:
+    """mkdtemp makes the directory 0700 and transformers writes the weights 0600; the model directory
+    gets the modes any file the user makes would have (0755/0644 under umask 022)."""
+    mask = _umask()
+    os.chmod(root, 0o777 & ~mask)
+    for path in root.rglob("*"):
+        os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
 
 
 def _umask() -> int:
