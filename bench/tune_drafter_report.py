@@ -77,6 +77,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=30, help="timed one-token forwards per model")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--skip-target-agreement", action="store_true", help="do not score the target itself")
+    ap.add_argument("--skip-untuned", action="store_true", help="do not score the untuned draft")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -92,7 +93,9 @@ def main() -> int:
     report = json.loads((root / "tune_report.json").read_text())
     target, _, target_path = load_model(args.target, "float32", "cpu")
     drafts = [AutoModelForCausalLM.from_pretrained(p, dtype=torch.float32).eval() for p in _drafts(root)]
-    untuned = derive_draft(target, report["draft"]) if not Path(report["draft"]).is_dir() else None
+    untuned = None
+    if not args.skip_untuned and not Path(report["draft"]).is_dir():
+        untuned = derive_draft(target, report["draft"])
     pairs = load_pairs(args.pairs)
     pairs = pairs[:: max(1, args.every)]
     docs = docs_from_pairs([(p.prompt_ids, p.output_ids) for p in pairs])
