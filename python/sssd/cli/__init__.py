@@ -25,9 +25,10 @@ COMMANDS: list[tuple[str, str, str]] = [
     ("info", "sssd.cli.info", "show a datastore's header and check it"),
     ("profile", "sssd.cli.profile", "measure a model's step cost and save the cost profile (JSON)"),
     ("simulate", "sssd.cli.simulate", "replay (prompt, output) pairs through a drafter: MAL, timing"),
+    ("tune-drafter", "sssd.cli.tune_drafter", "fine-tune small draft models on the target's own outputs"),
 ]
 # Commands that run a model: on a minimal install (no torch extra) they say what to install.
-NEEDS_TORCH = frozenset({"demo", "generate", "profile"})
+NEEDS_TORCH = frozenset({"demo", "generate", "profile", "tune-drafter"})
 
 DESCRIPTION = """\
 sssd: lossless speculative decoding of Hugging Face causal LMs with a retrieval drafter. Greedy
