@@ -62,3 +62,22 @@ def test_smollm2_speculative_greedy_equals_hf_generate(smollm2, tmp_path):
     assert [r.tokens for r in res] == refs
     assert engine.stats.steps < 2 * NEW  # speculation saved steps
     assert res[0].text == tok.decode(refs[0], skip_special_tokens=True)
+
+
+@pytest.mark.slow
+def test_smollm2_with_a_derived_draft_model_merged_with_retrieval_is_lossless(smollm2):
+    # a draft made from SmolLM2's first 2 layers (untuned: its guesses are poor, which exercises rejection
+    # on every path), merged with the retrieval drafter; fixed budget so that every step verifies trees
+    from sssd.models.draft import derive_draft
+
+    load, tok = smollm2
+    prompts = chat_prompts(tok, 2)
+    plain = Engine(load(), tok, config=EngineConfig(budget=0, budget_mode="fixed"))
+    ref = [r.tokens for r in plain.generate(prompts, max_new_tokens=NEW)]
+    target = load()
+    draft = derive_draft(target, "layers:2")
+    drafter = sssd.MergedDrafter([sssd.Drafter(), sssd.ModelDrafter(draft, sssd.ModelDrafterConfig(top_k=3))])
+    engine = Engine(target, tok, drafter=drafter, config=EngineConfig(budget=12, budget_mode="fixed"))
+    out = engine.generate(prompts, max_new_tokens=NEW)
+    assert [r.tokens for r in out] == ref
+    assert engine.stats.nodes > 0
