@@ -261,3 +261,13 @@ def test_save_is_atomic_when_writing_fails(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         save_draft(draft, tmp_path / "d")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_kl_to_the_target_logits_trains_too():
+    target = tiny_model("llama")
+    data = pack(docs_from_pairs(_target_pairs(target, n=8)))
+    cfg = TuneConfig(steps=25, batch_size=4, seq_len=16, lr=3e-3, warmup=2, kl_weight=0.5, eval_every=0)
+    with pytest.raises(ValueError, match="needs the target"):
+        train_draft(derive_draft(target, "layers:1"), data, cfg)
+    stats = train_draft(derive_draft(target, "layers:1"), data, cfg, teacher=target)
+    assert np.mean([v for _, v in stats.losses[-5:]]) < np.mean([v for _, v in stats.losses[:5]])
