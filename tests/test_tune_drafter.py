@@ -131,11 +131,13 @@ def test_boosting_weights_what_earlier_drafts_miss():
     target = tiny_model("llama")
     docs = docs_from_pairs(_target_pairs(target, n=4))
     ids, pos, labels = pack(docs).batch([0], 64)
-    w = boost_weights([], ids, pos, labels, 0.25)
-    assert w.tolist() == [1.0] * int((labels != IGNORE).sum())
+    w, missed = boost_weights([], ids, pos, labels, 0.25)
+    assert w.tolist() == [1.0] * int((labels != IGNORE).sum()) and missed == 1.0
     # the target itself as the "earlier draft": it predicts its own greedy outputs everywhere
-    w = boost_weights([target], ids, pos, labels, 0.25)
-    assert set(w.tolist()) == {0.25}
+    w, missed = boost_weights([target], ids, pos, labels, 0.25)
+    assert set(w.tolist()) == {0.25} and missed == 0.0
+    w, missed = boost_weights([target], ids, pos, labels, 1.0)  # boosting off: the share still shows
+    assert set(w.tolist()) == {1.0} and missed == 0.0
 
 
 def _write_pairs(path, pairs, bump: int = 0):
