@@ -78,6 +78,14 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--skip-target-agreement", action="store_true", help="do not score the target itself")
     ap.add_argument("--skip-untuned", action="store_true", help="do not score the untuned draft")
+    ap.add_argument(
+        "--timing-threads",
+        type=int,
+        default=1,
+        help="torch threads while timing (1: on a shared machine, more threads stall in OpenMP barriers "
+        "whenever another process holds a core: medians of 0.1-2.4 s for a 55 ms forward were seen)",
+    )
+    ap.add_argument("--timing-only", action="store_true", help="only time the one-token forwards")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -103,7 +111,14 @@ def main() -> int:
     print(f"target: {target_path}; draft: {root} ({report['draft']}, {len(drafts)} draft(s))")
     print(f"held-out pairs: {args.pairs}, {len(pairs)} pairs, {n_out:,} output positions; torch threads "
           f"{torch.get_num_threads()}\n")  # fmt: skip
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.timing_threads)
     ms = one_token_ms([target, *drafts], args.context, args.repeats)
+    torch.set_num_threads(threads)
+    cells = [f"draft {k + 1} {m:.2f} ms ({m / ms[0]:.2f}x)" for k, m in enumerate(ms[1:])]
+    print(f"one-token forward, {args.timing_threads} thread(s): target {ms[0]:.2f} ms, " + ", ".join(cells))
+    if args.timing_only:
+        return 0
     cost = [f"{m:.2f} ms ({m / ms[0]:.2f}x)" for m in ms]
     rows = []
     if not args.skip_target_agreement:
@@ -124,7 +139,7 @@ def main() -> int:
         print(f"| {name} | {acc:.3f} | {train} | {c} |")
     print(
         f"\none-token forward: KV cache of {args.context} tokens, median of {args.repeats}, models timed "
-        "alternately in this run"
+        f"alternately in this run, {args.timing_threads} torch thread(s)"
     )
     sys.stdout.flush()
     return 0

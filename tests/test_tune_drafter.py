@@ -131,11 +131,13 @@ def test_boosting_weights_what_earlier_drafts_miss():
     target = tiny_model("llama")
     docs = docs_from_pairs(_target_pairs(target, n=4))
     ids, pos, labels = pack(docs).batch([0], 64)
-    w = boost_weights([], ids, pos, labels, 0.25)
-    assert w.tolist() == [1.0] * int((labels != IGNORE).sum())
+    w, missed = boost_weights([], ids, pos, labels, 0.25)
+    assert w.tolist() == [1.0] * int((labels != IGNORE).sum()) and missed == 1.0
     # the target itself as the "earlier draft": it predicts its own greedy outputs everywhere
-    w = boost_weights([target], ids, pos, labels, 0.25)
-    assert set(w.tolist()) == {0.25}
+    w, missed = boost_weights([target], ids, pos, labels, 0.25)
+    assert set(w.tolist()) == {0.25} and missed == 0.0
+    w, missed = boost_weights([target], ids, pos, labels, 1.0)  # boosting off: the share still shows
+    assert set(w.tolist()) == {1.0} and missed == 0.0
 
 
 def _write_pairs(path, pairs, bump: int = 0):
@@ -261,3 +263,13 @@ def test_save_is_atomic_when_writing_fails(tmp_path, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         save_draft(draft, tmp_path / "d")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_kl_to_the_target_logits_trains_too():
+    target = tiny_model("llama")
+    data = pack(docs_from_pairs(_target_pairs(target, n=8)))
+    cfg = TuneConfig(steps=25, batch_size=4, seq_len=16, lr=3e-3, warmup=2, kl_weight=0.5, eval_every=0)
+    with pytest.raises(ValueError, match="needs the target"):
+        train_draft(derive_draft(target, "layers:1"), data, cfg)
+    stats = train_draft(derive_draft(target, "layers:1"), data, cfg, teacher=target)
+    assert np.mean([v for _, v in stats.losses[-5:]]) < np.mean([v for _, v in stats.losses[:5]])

@@ -213,9 +213,10 @@ def _logits(model: Any, ids: Any, pos: Any) -> Any:
     return model(input_ids=ids, position_ids=pos, use_cache=False).logits
 
 
-def boost_weights(earlier: Sequence[Any], ids: Any, pos: Any, labels: Any, beta: float) -> Any:
-    """[n_valid] weights of the valid positions of a batch: ``beta`` where an earlier draft's argmax is
-    the target's token, 1 where every earlier draft misses (all 1 without earlier drafts)."""
+def boost_weights(earlier: Sequence[Any], ids: Any, pos: Any, labels: Any, beta: float) -> tuple[Any, float]:
+    """([n_valid] weights of the valid positions of a batch, share of them every earlier draft misses):
+    weight ``beta`` where an earlier draft's argmax is the target's token, else 1 (all 1 without earlier
+    drafts)."""
     import torch
 
     valid = labels != IGNORE
@@ -223,7 +224,8 @@ def boost_weights(earlier: Sequence[Any], ids: Any, pos: Any, labels: Any, beta:
     with torch.no_grad():
         for m in earlier:
             hit |= _logits(m, ids, pos)[valid].argmax(-1) == labels[valid]
-    return torch.where(hit, beta, 1.0).float()
+    missed = 1.0 - float(hit.float().mean()) if hit.numel() else 1.0
+    return torch.where(hit, beta, 1.0).float(), missed
 
 
 def step_loss(
@@ -340,7 +342,7 @@ def train_draft(
         rows = order[cursor : cursor + cfg.batch_size].tolist()
         cursor += cfg.batch_size
         ids, pos, labels = train.batch(rows, cfg.seq_len, _device(draft))
-        weights = boost_weights(earlier, ids, pos, labels, cfg.boost_weight)
+        weights, missed = boost_weights(earlier, ids, pos, labels, cfg.boost_weight)
         draft.train()
         for group in opt.param_groups:
             group["lr"] = cfg.lr * _lr_factor(step, cfg)
@@ -358,7 +360,7 @@ def train_draft(
             rate = stats.tokens / (time.perf_counter() - t0)
             line = f"step {step + 1}/{cfg.steps}: loss {loss_value:.3f}, {rate:,.0f} tokens/s"
             if earlier:
-                line += f", {float((weights == 1).float().mean()):.0%} of positions missed by earlier drafts"
+                line += f", {missed:.0%} of positions missed by earlier drafts"
             if eval_now:
                 draft.eval()
                 acc = stream_agreement([draft], held_out, cfg.seq_len, cfg.eval_tokens)[0]
