@@ -10,6 +10,7 @@ import functools
 import numpy as np
 import pytest
 import torch
+from engine_runs import join_and_leave
 from sssd.engine.engine import Engine, EngineConfig
 from tiny_models import FAMILIES, VOCAB, hf_greedy, tiny_model
 from toy_drafters import OracleDrafter, RandomTreeDrafter
@@ -93,20 +94,9 @@ def test_requests_join_and_leave_mid_run(family):
     truth = {i: p + reference(family, p, 24) for i, p in enumerate(prompts)}
     drafter = OracleDrafter(VOCAB, truth, p_wrong=0.25, seed=1)
     engine = Engine(tiny_model(family), drafter=drafter, config=EngineConfig(budget=12, max_batch_size=3))
-    rids: list[int] = []
-    finished: dict[int, list[int]] = {}
-    step = 0
-    while len(finished) < len(prompts):
-        if step % 2 == 0 and len(rids) < len(prompts):  # a new request joins every other step
-            i = len(rids)
-            rids.append(engine.add_request(prompts[i], max_new_tokens=lengths[i], eos_token_ids=()))
-        for ev in engine.step():
-            if ev.finished:
-                finished[ev.request_id] = ev.result.tokens
-        step += 1
-        assert step < 500
-    for i, rid in enumerate(rids):
-        assert finished[rid] == reference(family, prompts[i], 24)[: lengths[i]], i
+    outputs, _ = join_and_leave(engine, prompts, lengths)
+    for i, out in enumerate(outputs):
+        assert out == reference(family, prompts[i], 24)[: lengths[i]], i
     assert not drafter.ctx  # every request was removed from the drafter
 
 

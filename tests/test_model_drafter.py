@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import engine_runs
 import numpy as np
 import pytest
 import sssd
@@ -42,19 +43,7 @@ def next_probs(model, ids: list[int]) -> np.ndarray:
 
 def join_and_leave(engine: Engine, prompts: list[list[int]], lengths: list[int]) -> list[list[int]]:
     """A new request joins every other step; requests leave when done. Outputs in prompt order."""
-    rids: list[int] = []
-    finished: dict[int, list[int]] = {}
-    step = 0
-    while len(finished) < len(prompts):
-        if step % 2 == 0 and len(rids) < len(prompts):
-            i = len(rids)
-            rids.append(engine.add_request(prompts[i], max_new_tokens=lengths[i], eos_token_ids=()))
-        for ev in engine.step():
-            if ev.finished:
-                finished[ev.request_id] = ev.result.tokens
-        step += 1
-        assert step < 500
-    return [finished[r] for r in rids]
+    return engine_runs.join_and_leave(engine, prompts, lengths)[0]
 
 
 # -- the drafter on its own ---------------------------------------------------------------------------
