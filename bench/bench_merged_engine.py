@@ -13,24 +13,15 @@ machine gives at the time: compare rows of one run.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 from pathlib import Path
 
 import sssd
 import torch
+from corpora import dev_rows
 from sssd.data import sample_corpus, sample_tokenizer_fingerprint, sample_vocab_size
 from sssd.models.local import cache_dir, ensure_hf_model, load_tokenizer
-
-DATA = Path(os.environ.get("SSSD_DEV_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data"))
-
-
-def dev_prompts(n: int) -> list[list[int]]:
-    rows = [json.loads(line) for line in open(DATA / "smollm2_dev_pairs.jsonl", encoding="utf-8")]
-    by = {s: [r["prompt_ids"] for r in rows if r["subset"] == s] for s in ("mtbench", "humaneval")}
-    return [by["mtbench" if i % 2 == 0 else "humaneval"][i // 2] for i in range(n)]
 
 
 def main() -> int:
@@ -54,7 +45,7 @@ def main() -> int:
         sssd.build_datastore(sample_corpus(), ds_path, vocab_size=sample_vocab_size(),
                              tokenizer=sample_tokenizer_fingerprint())  # fmt: skip
     ds = sssd.Datastore.open(ds_path)
-    prompts = dev_prompts(args.prompts)
+    prompts = [r["prompt_ids"] for r in dev_rows(args.prompts)]
 
     def drafter(kind: str):
         if kind == "retrieval":

@@ -17,7 +17,6 @@ first ``--pairs`` of the development set, MT-Bench and HumanEval alternating. Pr
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -27,16 +26,13 @@ from pathlib import Path
 import numpy as np
 import sssd
 import torch
+from corpora import dev_rows
 from sssd.data import sample_corpus, sample_tokenizer_fingerprint, sample_vocab_size
 from sssd.evaluation.pairs import Pair
 
-DATA = Path(os.environ.get("SSSD_DEV_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data"))
-
 
 def dev_pairs(n: int, max_new: int) -> list[Pair]:
-    rows = [json.loads(line) for line in open(DATA / "smollm2_dev_pairs.jsonl", encoding="utf-8")]
-    by = {s: [r for r in rows if r["subset"] == s] for s in ("mtbench", "humaneval")}
-    picked = [by["mtbench" if i % 2 == 0 else "humaneval"][i // 2] for i in range(n)]
+    picked = dev_rows(n)
     return [
         Pair(
             str(r["id"]),

@@ -18,25 +18,13 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
+from corpora import dev_rows
 from sssd.integrations.vllm_demo import METHODS, demo_datastore, print_table, run_in_child, summarize
 from sssd.models.local import ensure_hf_model
-
-DATA = Path(os.environ.get("SSSD_DEV_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data"))
-
-
-def dev_prompts(n: int) -> list[list[int]]:
-    """n prompts, MT-Bench and HumanEval alternating (the development pairs' chat-rendered prompt ids)."""
-    rows = [json.loads(line) for line in open(DATA / "smollm2_dev_pairs.jsonl", encoding="utf-8")]
-    by = {s: [r["prompt_ids"] for r in rows if r["subset"] == s] for s in ("mtbench", "humaneval")}
-    out = []
-    for i in range(n):
-        out.append(by["mtbench" if i % 2 == 0 else "humaneval"][i // 2])
-    return out
 
 
 def main() -> int:
@@ -55,7 +43,7 @@ def main() -> int:
     if "suffix" in methods and importlib.util.find_spec("arctic_inference") is None:
         print("suffix: arctic-inference is not installed, row skipped", file=sys.stderr)
         methods.remove("suffix")
-    base = {"model": str(ensure_hf_model()), "prompts": dev_prompts(args.prompts),
+    base = {"model": str(ensure_hf_model()), "prompts": [r["prompt_ids"] for r in dev_rows(args.prompts)],
             "max_tokens": args.max_tokens, "k": args.k, "datastore": str(demo_datastore())}  # fmt: skip
     results = []
     for b in [int(x) for x in args.batches.split(",")]:

@@ -118,6 +118,16 @@ def dev_contexts(n: int, length: int = 64, seed: int = 1) -> list[np.ndarray]:
     return out
 
 
+def dev_rows(n: int) -> list[dict]:
+    """The first ``n`` development pairs as JSON rows, MT-Bench and HumanEval alternating (fields
+    ``prompt_ids``, ``output_ids``, ``id``, ``subset``, ...)."""
+    import json
+
+    rows = [json.loads(line) for line in (SHARED / "smollm2_dev_pairs.jsonl").read_text().splitlines()]
+    by = {s: [r for r in rows if r["subset"] == s] for s in ("mtbench", "humaneval")}
+    return [by["mtbench" if i % 2 == 0 else "humaneval"][i // 2] for i in range(n)]
+
+
 def load(name: str) -> tuple[np.ndarray, np.ndarray]:
     """'zipf1e6', 'zipf1e7', 'zipf1e8', 'cpython' or 'outputs'."""
     if name == "cpython":
