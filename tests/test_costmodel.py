@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from sssd.policy.cost_model import CostModel, StepSample, huber_irls
+from sssd.policy.cost_model import KNOTS, CostModel, StepSample, huber_irls
 
 
 def _synthetic(rng, n, coef, outlier_frac=0.1):
@@ -69,7 +69,11 @@ def test_cost_model_fit_recovers_all_parts():
     rng = np.random.default_rng(2)
     fwd, drf, oth = (2e-7, 3e-4, 4e-3, 1e-2), (4e-5, 2e-6, 1e-4), (2e-5, 1e-6, 3e-4)
     cm = CostModel(prior_weight=0.0).fit(_timings(rng, 300, fwd, drf, oth))
-    np.testing.assert_allclose(cm.forward.coef, fwd, rtol=0.05)
+    f = cm.forward.coef  # [n_context, one slope per token segment, tree, const]
+    seen = np.array(KNOTS[1:]) <= 32 + 128  # segments the samples cover (up to 32 requests + 128 nodes)
+    np.testing.assert_allclose(f[1 : 1 + seen.sum()], fwd[1], rtol=0.05)
+    # the first token's share of the line goes into the constant: g(1) = 0
+    np.testing.assert_allclose(f[[0, -2, -1]], [fwd[0], fwd[2], fwd[3] + fwd[1]], rtol=0.05)
     np.testing.assert_allclose(cm.draft.coef, drf, rtol=0.05)
     np.testing.assert_allclose(cm.other.coef, oth, rtol=0.05)
     c = cm.predict(4, 4000, [0, 16])
@@ -82,9 +86,19 @@ def test_online_refresh_tracks_a_changed_machine():
     rng = np.random.default_rng(3)
     cm = CostModel(forward=(2e-7, 3e-4, 0.0, 1e-2), window=128, forget=0.97)
     # the machine gets twice as slow: the window forgets the old regime
-    for t in _timings(rng, 200, (4e-7, 6e-4, 5e-3, 2e-2), (0, 0, 0), (0, 0, 0), outliers=0.05):
+    new = (4e-7, 6e-4, 5e-3, 2e-2)
+    steps = _timings(rng, 200, new, (0, 0, 0), (0, 0, 0), outliers=0.05)
+    for t in steps:
         cm.observe(t)
-    np.testing.assert_allclose(cm.forward.coef, (4e-7, 6e-4, 5e-3, 2e-2), rtol=0.1)
+    # the step shapes of the recent window are predicted at the new machine's times (a token count the
+    # window never saw keeps what the old regime or the prior says: the model has one slope per range)
+    err = [
+        float(cm.predict(t.batch_size, t.n_context, t.n_batched - t.batch_size).forward)
+        / (new[0] * t.n_context + new[1] * t.n_batched + new[2] * (t.n_batched > t.batch_size) + new[3])
+        - 1
+        for t in steps[-64:]
+    ]
+    assert np.median(np.abs(err)) < 0.05 and np.percentile(np.abs(err), 90) < 0.1
 
 
 def test_prior_holds_unexcited_directions():
@@ -103,13 +117,18 @@ def test_profile_round_trip(tmp_path):
     back = CostModel.load(p)
     np.testing.assert_allclose(back.forward.coef, cm.forward.coef)
     np.testing.assert_allclose(back.draft.coef, cm.draft.coef)
-    assert json.loads(p.read_text())["version"] == 1
+    assert json.loads(p.read_text())["version"] == 2
     with pytest.raises(FileNotFoundError):
         CostModel.load(tmp_path / "missing.json")
     old = json.loads(p.read_text())  # a profile from before the tree-step term still loads
     del old["forward"]["tree"]
     (tmp_path / "old.json").write_text(json.dumps(old))
-    assert CostModel.load(tmp_path / "old.json").forward.coef[2] == 0.0
+    assert CostModel.load(tmp_path / "old.json").forward.coef[-2] == 0.0
+    other_knots = json.loads(p.read_text())
+    other_knots["forward"]["knots"] = [1, 4, 16]
+    (tmp_path / "knots.json").write_text(json.dumps(other_knots))
+    with pytest.raises(ValueError, match="knots"):
+        CostModel.load(tmp_path / "knots.json")
     (tmp_path / "bad.json").write_text('{"version": 1, "forward": {}}')
     with pytest.raises(ValueError):
         CostModel.load(tmp_path / "bad.json")
@@ -119,3 +138,85 @@ def test_observe_rejects_inconsistent_steps():
     cm = CostModel()
     with pytest.raises(ValueError):
         cm.observe(StepSample(batch_size=4, n_context=10, n_batched=2, budget=0, forward_s=0.01))
+
+
+def test_version_1_profile_loads_with_the_same_predictions(tmp_path):
+    """A profile of the single-slope model (version 1) predicts exactly what it did."""
+    v1 = {
+        "version": 1,
+        "meta": {},
+        "forward": {"n_context": 2e-7, "n_batched": 3e-4, "tree": 4e-3, "const": 1e-2},
+        "draft": {"batch_size": 1e-5, "budget": 1e-6, "const": 2e-5},
+        "other": {"batch_size": 1e-5, "n_batched": 0.0, "const": 1e-4},
+    }
+    (tmp_path / "v1.json").write_text(json.dumps(v1))
+    cm = CostModel.load(tmp_path / "v1.json")
+    for b, ctx, k in ((1, 300, 0), (1, 300, 16), (4, 4000, 64), (8, 100, 600)):
+        want = 2e-7 * ctx + 3e-4 * (b + k) + 4e-3 * (k > 0) + 1e-2
+        assert float(cm.predict(b, ctx, k).forward) == pytest.approx(want, rel=1e-9)
+
+
+def _curve_samples(curve, rng, n=400, outliers=0.05):
+    """Forward samples at batch 1, context 300, tree sizes 0..64, from ``curve(n_batched)`` seconds."""
+    out = []
+    for _ in range(n):
+        k = int(rng.integers(0, 65))
+        t = curve(1 + k) * float(np.exp(rng.normal(0, 0.02))) + (0.1 if rng.random() < outliers else 0.0)
+        out.append(StepSample(1, 300, 1 + k, k, forward_s=t))
+    return out
+
+
+@pytest.mark.parametrize(
+    "points",
+    [
+        {1: 0.050, 16: 0.052, 32: 0.062, 64: 0.082},  # bfloat16 on AMX: flat to ~16 tokens, then rising
+        {
+            1: 0.052,
+            2: 0.056,
+            4: 0.080,
+            8: 0.097,
+            16: 0.102,
+            32: 0.122,
+            64: 0.173,
+        },  # float32: a jump, then slow
+    ],
+)
+def test_token_cost_follows_a_curve_a_line_cannot(points):
+    ns, ts = np.array(sorted(points), dtype=float), np.array([points[k] for k in sorted(points)])
+    curve = lambda n: float(np.interp(n, ns, ts))  # noqa: E731
+    cm = CostModel(prior_weight=0.0).fit(_curve_samples(curve, np.random.default_rng(4)))
+    sizes = np.arange(0, 65)
+    pred = cm.predict(1, 300, sizes, drafted=False).forward
+    true = np.array([curve(1 + k) for k in sizes])
+    assert np.max(np.abs(pred / true - 1)) < 0.03
+    # the design's single line through the same samples misses by far more somewhere (the test has teeth)
+    x = np.column_stack([1 + sizes, np.ones_like(sizes)]).astype(float)
+    line = x @ np.linalg.lstsq(x, true, rcond=None)[0]
+    assert np.max(np.abs(line / true - 1)) > 0.06
+
+
+def test_default_prior_is_scaled_to_the_machine():
+    """The built-in prior gives a shape (4% of a step per token), not another machine's seconds: a few
+    plain steps of 50 ms make the model predict 50 ms, and sizes never measured cost 4% per token of it."""
+    cm = CostModel()
+    for _ in range(3):
+        cm.observe(StepSample(1, 300, 1, 0, forward_s=0.050))
+    plain, tree = cm.predict(1, 300, [0, 32], drafted=False).forward
+    assert plain == pytest.approx(0.050, rel=0.02)
+    assert tree / plain - 1 == pytest.approx(32 * 0.04, rel=0.1)
+    absolute = CostModel(forward=(2e-8, 2e-4, 0.0, 5e-3))  # an explicit prior keeps its seconds
+    for _ in range(3):
+        absolute.observe(StepSample(1, 300, 1, 0, forward_s=0.050))
+    assert float(absolute.predict(1, 300, 0, drafted=False).forward) < 0.045
+
+
+def test_prefill_beyond_the_measured_sizes_keeps_the_measured_slope():
+    cm = CostModel(prior_weight=0.0)
+    for k in range(0, 33):
+        cm.observe(StepSample(1, 0, 1 + k, k, forward_s=0.05 + 0.002 * k))
+    cm.forward.refit()
+    assert cm.measured_tokens() == 33
+    # 500 tokens: the measured 2 ms per token goes on (the token segments there hold only the prior)
+    assert cm.prefill_time(500) - float(cm.predict(1, 0, 0, drafted=False).total) == pytest.approx(
+        0.002 * 499, rel=0.05
+    )

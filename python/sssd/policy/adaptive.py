@@ -36,6 +36,7 @@ from sssd.policy.goodput import (
     accumulated_probs,
     cap_per_request,
     choose_budget,
+    explore_budget,
     request_gain_table,
     slo_first,
     truncate_batch,
@@ -63,6 +64,13 @@ class BudgetConfig:
     acceptance_correction: bool = True  # scale Σf by the observed/predicted acceptance ratio
     correction_window: float = 64.0  # steps (exponential forgetting of the ratio's evidence)
     max_backoff: int = 32  # longest run of steps without calling the drafter before probing again
+    # drafted steps over which the drafter's predicted net value is averaged; the policy backs off when
+    # the average falls below -min_gain (one step where the drafter finds nothing is no reason to stop)
+    backoff_memory: float = 8.0
+    # every n-th drafted step verifies half the chosen budget, the n-th after that 1.5 times it, so that the
+    # cost model measures sizes around its optimum (0: never)
+    explore_every: int = 8
+    plain_probe_every: int = 64  # a plain step instead of the half when none was measured for this many steps
     slo_slack_s: float = 0.0  # ε added to the predicted step time when deciding who falls short
     slo_goodput_tolerance: float = 0.05  # expected goodput the SLO choice may give up
     # True: the drafter ranks SLO-first (propose(slo=..., step_time=...)). Off by default: the batch then
@@ -86,6 +94,8 @@ class BudgetConfig:
             raise ValueError(f"budget must be >= 0, got {self.budget}")
         if self.max_per_request is not None and self.max_per_request < 0:
             raise ValueError("max_per_request must be >= 0 or None")
+        if not self.backoff_memory >= 1.0:
+            raise ValueError(f"backoff_memory must be >= 1 (drafted steps), got {self.backoff_memory}")
         if not 0.0 <= self.slo_goodput_tolerance < 1.0:
             raise ValueError("slo_goodput_tolerance must be in [0, 1)")
         if not (self.slo_admit_margin > 0 and 0.0 <= self.slo_admit_tolerance and self.slo_max_defer >= 0):
@@ -126,6 +136,19 @@ class AcceptanceStats:
         return self.total_observed / self.total_predicted if self.total_predicted > 0 else float("nan")
 
 
+@dataclass(frozen=True)
+class PolicyStep:
+    """One step as the policy planned and then measured it (``BudgetPolicy.trace``), for reports."""
+
+    batch_size: int
+    budget: int  # draft nodes verified (0: plain decoding)
+    drafted: bool  # the drafter was called (False: backed off, or nothing to draft)
+    predicted_s: float  # predicted step time at the chosen budget
+    step_s: float  # measured step time
+    expected_accepted: float  # corrected Σf of the kept nodes
+    accepted: int  # draft nodes the model accepted (bonus tokens excluded)
+
+
 @dataclass
 class _RequestStats:
     time_s: float = 0.0  # steps taken part in + prefill stalls after its first step
@@ -148,9 +171,13 @@ class BudgetPolicy:
         self.slo: dict[int, SLOTarget] = {}
         # (batch size, chosen budget) of the most recent steps (bounded: a server runs for days)
         self.history: deque[tuple[int, int]] = deque(maxlen=4096)
+        self.trace: deque[PolicyStep] = deque(maxlen=4096)  # the same steps, predicted vs measured
         self._requests: dict[int, _RequestStats] = {}
         self._skip = 0  # steps left without proposing
         self._backoff = 1
+        self._tick = 0  # drafted steps without TPOT targets (the exploration schedule)
+        self._since_plain = 0  # steps since the last one without draft nodes
+        self._draft_value = 0.0  # running mean of the drafter's predicted net value (relative goodput)
         self._last: StepPlan | None = None
         self._last_rids: list[int] = []
         self._last_step_s = 0.0
@@ -289,6 +316,10 @@ class BudgetPolicy:
         if np.isfinite(targets).any():
             rerank = not getattr(self, "_slo_proposed", False)
             batch, choice = self._slo_choice(batch, choice, b, n_context, targets, prio, rerank)
+        else:
+            self._tick += 1
+            plain = self._since_plain >= cfg.plain_probe_every
+            choice = explore_budget(choice, batch.gain, self.correction, self._tick, cfg.explore_every, plain)
         self._update_backoff(choice, b, n_context)
         k = choice.budget
         self._last = StepPlan(
@@ -328,12 +359,18 @@ class BudgetPolicy:
         return t, p
 
     def _update_backoff(self, choice: BudgetChoice, b: int, n_context: int) -> None:
-        """Stops calling the drafter while speculation loses to plain decoding, draft time included: even
-        the best budget of this step's (already drafted) batch is predicted to produce fewer tokens per
-        second than a step without the drafter. An expensive drafter (a draft model on a CPU) is then
-        called only on the back-off's probes, even when its tree, once paid for, is worth verifying."""
+        """Stops calling the drafter while speculation loses to plain decoding, draft time included: the
+        best budget of each drafted batch is predicted to give fewer tokens per second than a step
+        without the drafter, by more than ``min_gain`` on average over the last ``backoff_memory`` drafted
+        steps. An expensive drafter (a draft model on a CPU) is then called only on the back-off's
+        probes, even when its tree, once paid for, is worth verifying. A cheap drafter that finds nothing
+        for a step or two is kept: a step without drafts costs it a fraction of a percent, and backing off
+        would skip the steps where it finds something again."""
         plain = b / max(self._predict(b, n_context, 0, False), 1e-9)
-        if float(choice.goodput.max()) <= plain:
+        value = float(choice.goodput.max()) / plain - 1.0
+        alpha = 1.0 / self.config.backoff_memory
+        self._draft_value += alpha * (value - self._draft_value)
+        if self._draft_value < -self.config.min_gain:
             self._skip = self._backoff
             self._backoff = min(2 * self._backoff, self.config.max_backoff)
         else:
@@ -383,7 +420,13 @@ class BudgetPolicy:
             )
         )
         self.history.append((b, 0 if plan is None else plan.budget))
+        self._since_plain = 0 if int(timing.num_nodes) <= b else self._since_plain + 1
         accepted = np.asarray(timing.accepted, dtype=np.float64)
+        if plan is not None:
+            self.trace.append(
+                PolicyStep(b, plan.budget, drafted, plan.predicted_s, float(timing.step_time),
+                           plan.expected_accepted, int(accepted.sum()))
+            )  # fmt: skip
         if drafted and plan.budget > 0:
             pred = plan.expected_accepted / max(self.correction, 1e-9)  # back to the raw Σf
             a = self.acceptance

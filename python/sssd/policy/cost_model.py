@@ -1,177 +1,74 @@
 """Cost model of one engine step, fitted robustly and refreshed online from measured steps.
 
-A step has three timed parts, each modelled as a small linear function of its features:
+A step has three timed parts, each modelled as a function that is linear in its coefficients:
 
-- forward (verification): ``T_fwd = a·N_context + b·N_batched + t·[any draft node] + c`` where
+- forward (verification): ``T_fwd = a·N_context + g(N_batched) + t·[any draft node] + c`` where
   ``N_context`` is the total number of committed tokens of the batch (the attention reads them),
-  ``N_batched`` the number of tokens scored in the forward (one root per request + the draft nodes) and
-  ``t`` the fixed extra cost of a tree step over a plain decoding step (masks, tree attention path);
-- drafting: ``T_draft = d·B + e·budget + g`` for a propose call over ``B`` requests at a global budget;
+  ``N_batched`` the number of tokens scored in the forward (one root per request + the draft nodes), ``t``
+  the fixed extra cost of a tree step over a plain decoding step (masks, tree attention path) and ``g``
+  a non-decreasing piecewise-linear function of the scored tokens with knots at 1, 2, 4, 8, ... (one
+  non-negative slope per segment, ``g(1) = 0``). A single slope (the design's ``b·N_batched``) cannot
+  describe a real forward: on a CPU with bfloat16 matrix units the cost is nearly flat up to ~16-32
+  tokens and then rises; in float32 it jumps between 2 and 8 tokens and then grows slowly. A line fitted
+  to the small trees the policy happens to pick extrapolates wrongly to the large ones, and because the
+  policy only measures what it picks, the error never corrects itself;
+- drafting: ``T_draft = d·B + e·budget + g0`` for a propose call over ``B`` requests at a global budget;
 - bookkeeping (verification, KV commit, drafter updates): ``T_other = h·B + i·N_batched + j``.
 
 Each part is fitted by iteratively reweighted least squares with Huber weights (a few slow steps, e.g. a
 garbage collection or another process on the core, must not drag the fit), non-negative coefficients,
 exponential forgetting of old samples over a bounded window, and a weak prior pulling towards the seed
 coefficients (a saved profile or a calibration run) so that a handful of online samples cannot produce a
-wild model. All times are seconds.
+wild model. The built-in default prior is *relative*: only its shape counts (a token costs 4% of a
+one-token forward, the context and the bookkeeping a little), scaled at every refit by the median ratio
+of the measured to the prior-predicted steps, so that it does not pull the fit towards another machine's
+numbers. Directions the window does not excite (token counts never scored) keep the (scaled) prior; the
+budget policy explores sizes around its choice so that the ones that matter are measured. All times are
+seconds.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-PROFILE_VERSION = 1
+from sssd.policy.robust_fit import OnlineLinearFit, huber_irls  # noqa: F401  (huber_irls: re-exported)
+
+PROFILE_VERSION = 2  # 2: one slope per token segment (1 had a single n_batched slope; still loads)
+
+# Knots of the piecewise-linear token cost: segment i covers [KNOTS[i], KNOTS[i+1]] scored tokens, the last
+# one everything above KNOTS[-1] (prefills of long prompts).
+KNOTS = tuple(2**i for i in range(13))  # 1 .. 4096
+SEGMENTS = (*(f"tokens_{lo}_{hi}" for lo, hi in itertools.pairwise(KNOTS)), f"tokens_{KNOTS[-1]}_up")
+_LO = np.array(KNOTS, dtype=np.float64)
+_WIDTH = np.array([*np.diff(KNOTS), np.inf], dtype=np.float64)
 
 # Feature names of each part, in coefficient order (the last feature is the constant 1).
-FORWARD_FEATURES = ("n_context", "n_batched", "tree", "const")
+FORWARD_FEATURES = ("n_context", *SEGMENTS, "tree", "const")
 DRAFT_FEATURES = ("batch_size", "budget", "const")
 OTHER_FEATURES = ("batch_size", "n_batched", "const")
 
 
-def huber_irls(
-    x: np.ndarray, y: np.ndarray, w: np.ndarray | None = None, *, delta: float = 1.345, iters: int = 20
-) -> np.ndarray:
-    """Huber-robust, non-negative least squares fit of ``y ≈ x @ coef``.
-
-    ``x`` [n, p], ``y`` [n], ``w`` [n] optional sample weights. Residuals are scaled by a robust
-    estimate of their spread (1.4826 · MAD) and samples beyond ``delta`` scales are down-weighted as
-    ``delta / |r|``. Coefficients that come out negative are fixed at 0 and the rest refitted (a small
-    active-set loop; times cannot decrease with more work). Returns ``coef`` [p] (float64).
-    """
-    x = np.asarray(x, dtype=np.float64)
-    y = np.asarray(y, dtype=np.float64)
-    if x.ndim != 2 or y.ndim != 1 or x.shape[0] != y.shape[0]:
-        raise ValueError(f"huber_irls: x must be [n, p] and y [n], got {x.shape} and {y.shape}")
-    n, p = x.shape
-    if n == 0:
-        raise ValueError("huber_irls: no samples")
-    base = np.ones(n) if w is None else np.asarray(w, dtype=np.float64)
-    if base.shape != (n,) or np.any(base < 0) or not np.all(np.isfinite(base)):
-        raise ValueError("huber_irls: weights must be [n], finite and non-negative")
-    robust = np.ones(n)
-    coef = np.zeros(p)
-    for _ in range(iters):
-        coef = _nnls_weighted(x, y, base * robust)
-        r = y - x @ coef
-        scale = 1.4826 * float(np.median(np.abs(r - np.median(r))))
-        if scale <= 1e-12 * max(1.0, float(np.max(np.abs(y)))):
-            break  # (almost) exact fit
-        u = np.abs(r) / (delta * scale)
-        new = np.where(u <= 1.0, 1.0, 1.0 / np.maximum(u, 1e-12))
-        if np.allclose(new, robust, rtol=1e-6, atol=1e-9):
-            break
-        robust = new
-    return coef
-
-
-def _nnls_weighted(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """Weighted least squares with coefficients clamped at >= 0 by dropping negative ones (active set)."""
-    p = x.shape[1]
-    active = np.ones(p, dtype=bool)
-    sw = np.sqrt(w)
-    coef = np.zeros(p)
-    for _ in range(p):
-        coef[:] = 0.0
-        if not active.any():
-            break
-        sol, *_ = np.linalg.lstsq(x[:, active] * sw[:, None], y * sw, rcond=None)
-        coef[active] = sol
-        neg = coef < 0
-        if not neg.any():
-            break
-        active &= ~neg
-    return np.maximum(coef, 0.0)
-
-
-@dataclass
-class OnlineLinearFit:
-    """A robust linear fit over a bounded, exponentially forgotten window of samples.
-
-    ``prior`` [p] are the seed coefficients; ``prior_weight`` is how many samples' worth of evidence the
-    prior counts as (pseudo-observations at a few representative points). ``forget`` in (0, 1] is the
-    weight decay per newer sample.
-    """
-
-    features: tuple[str, ...]
-    prior: np.ndarray
-    window: int = 512
-    forget: float = 0.99
-    prior_weight: float = 4.0
-    refit_every: int = 8
-    coef: np.ndarray = field(init=False)
-    _xs: deque = field(init=False, repr=False)
-    _ys: deque = field(init=False, repr=False)
-    _since_fit: int = field(init=False, default=0, repr=False)
-
-    def __post_init__(self) -> None:
-        self.prior = np.asarray(self.prior, dtype=np.float64).copy()
-        if self.prior.shape != (len(self.features),):
-            raise ValueError(f"prior must have {len(self.features)} coefficients, got {self.prior.shape}")
-        if not (0.0 < self.forget <= 1.0) or self.window < 1:
-            raise ValueError("forget must be in (0, 1] and window >= 1")
-        self.coef = self.prior.copy()
-        self._xs = deque(maxlen=self.window)
-        self._ys = deque(maxlen=self.window)
-
-    @property
-    def num_samples(self) -> int:
-        return len(self._ys)
-
-    def predict(self, x: np.ndarray) -> np.ndarray:
-        """``x`` [..., p] → predicted seconds [...]."""
-        return np.asarray(x, dtype=np.float64) @ self.coef
-
-    def add(self, x, y: float) -> None:
-        x = np.asarray(x, dtype=np.float64)
-        if x.shape != (len(self.features),) or not np.all(np.isfinite(x)) or not math.isfinite(y):
-            raise ValueError(f"sample must be {len(self.features)} finite features and a finite time")
-        self._xs.append(x)
-        self._ys.append(float(y))
-        self._since_fit += 1
-        if self._since_fit >= self.refit_every:
-            self.refit()
-
-    def refit(self) -> np.ndarray:
-        self._since_fit = 0
-        n = len(self._ys)
-        if n == 0:
-            self.coef = self.prior.copy()
-            return self.coef
-        x = np.stack(self._xs)
-        y = np.asarray(self._ys)
-        w = self.forget ** np.arange(n - 1, -1, -1, dtype=np.float64)
-        if self.prior_weight > 0 and np.any(self.prior > 0):
-            # Pseudo-observations of the prior at the observed feature ranges anchor directions the
-            # window does not excite (e.g. budget always 0 so far).
-            px = _anchor_points(x)
-            x = np.vstack([x, px])
-            y = np.concatenate([y, px @ self.prior])
-            w = np.concatenate([w, np.full(len(px), self.prior_weight / len(px))])
-        self.coef = huber_irls(x, y, w)
-        return self.coef
-
-
-def _anchor_points(x: np.ndarray) -> np.ndarray:
-    """One point per feature at a typical magnitude plus the all-minimum point (constant column last)."""
-    hi = np.maximum(np.max(x, axis=0), 1.0)
-    pts = [np.where(np.arange(x.shape[1]) == x.shape[1] - 1, 1.0, 0.0)]
-    for j in range(x.shape[1] - 1):
-        p = pts[0].copy()
-        p[j] = hi[j]
-        pts.append(p)
-    return np.stack(pts)
+def token_segments(n_batched) -> np.ndarray:
+    """Tokens of ``n_batched`` (scalar or [M]) in each segment between ``KNOTS``: [..., S] float64. Below one
+    token the first segment goes negative (a step of no request: admission's "batch without it"), so the
+    line of the first segment continues there as the single-slope model's did."""
+    n = np.asarray(n_batched, dtype=np.float64)[..., None]
+    seg = np.clip(n - _LO, 0.0, _WIDTH)
+    seg[..., 0] = np.minimum(n[..., 0] - 1.0, _WIDTH[0])
+    return seg
 
 
 def forward_features(n_context: float, n_batched: float, batch_size: float) -> list[float]:
     """Feature vector of the forward part (order of ``FORWARD_FEATURES``)."""
-    return [float(n_context), float(n_batched), 1.0 if n_batched > batch_size else 0.0, 1.0]
+    tree = 1.0 if n_batched > batch_size else 0.0
+    return [float(n_context), *token_segments(n_batched).tolist(), tree, 1.0]
 
 
 @dataclass(frozen=True)
@@ -200,14 +97,46 @@ class StepCost:
         return self.forward + self.draft + self.other
 
 
+def _forward_prior(forward) -> np.ndarray:
+    """Forward coefficients (order of ``FORWARD_FEATURES``) from ``(a, b, c)`` or ``(a, b, t, c)`` where
+    ``b`` is one slope for every token segment or a sequence of one slope per segment. A single slope is
+    the design's ``b·N_batched``: the first token's share goes into the constant, so predictions agree."""
+    forward = tuple(forward)
+    if len(forward) == 3:  # (a, b, c): no tree-step term
+        forward = (forward[0], forward[1], 0.0, forward[2])
+    if len(forward) != 4:
+        raise ValueError("forward coefficients must be (a, b, c) or (a, b, t, c)")
+    a, b, t, c = forward
+    if np.ndim(b) == 0:
+        slopes, c = np.full(len(SEGMENTS), float(b)), float(c) + float(b)
+    else:
+        slopes = np.asarray(b, dtype=np.float64)
+        if slopes.shape != (len(SEGMENTS),):
+            raise ValueError(
+                f"forward: expected {len(SEGMENTS)} token slopes (knots {KNOTS}), got {slopes.shape}"
+            )
+    return np.array([float(a), *slopes, float(t), float(c)])
+
+
+# The built-in priors, relative (scaled to the measured steps): a token costs 4% of a one-token forward
+# (a compute-bound CPU in float32 is about there; bfloat16 matrix units and GPUs are far cheaper, which
+# the policy's exploration finds out within a few dozen steps).
+DEFAULT_FORWARD = (2e-8, 2e-4, 0.0, 5e-3)
+DEFAULT_DRAFT = (5e-5, 1e-6, 5e-5)
+DEFAULT_OTHER = (5e-5, 1e-6, 2e-4)
+
+
 class CostModel:
-    """Predicts step time from batch shape; fitted online from :class:`StepSample` samples."""
+    """Predicts step time from batch shape; fitted online from :class:`StepSample` samples.
+
+    ``forward``/``draft``/``other``: seed coefficients (see :func:`_forward_prior` for the forward's
+    forms); left out, the built-in relative prior of that part is used."""
 
     def __init__(
         self,
-        forward: tuple[float, ...] = (2e-8, 2e-4, 0.0, 5e-3),
-        draft: tuple[float, float, float] = (5e-5, 1e-6, 5e-5),
-        other: tuple[float, float, float] = (5e-5, 1e-6, 2e-4),
+        forward: tuple | None = None,
+        draft: tuple[float, float, float] | None = None,
+        other: tuple[float, float, float] | None = None,
         *,
         window: int = 512,
         forget: float = 0.99,
@@ -215,11 +144,17 @@ class CostModel:
         meta: dict | None = None,
     ) -> None:
         kw = dict(window=window, forget=forget, prior_weight=prior_weight)
-        if len(forward) == 3:  # (a, b, c): no tree-step term
-            forward = (forward[0], forward[1], 0.0, forward[2])
-        self.forward = OnlineLinearFit(FORWARD_FEATURES, np.array(forward), **kw)
-        self.draft = OnlineLinearFit(DRAFT_FEATURES, np.array(draft), **kw)
-        self.other = OnlineLinearFit(OTHER_FEATURES, np.array(other), **kw)
+        typical = np.array([1.0, *np.minimum(_WIDTH, KNOTS[-1]), 1.0, 1.0])
+        self.forward = OnlineLinearFit(
+            FORWARD_FEATURES, _forward_prior(forward or DEFAULT_FORWARD), relative_prior=forward is None,
+            typical=typical, **kw,
+        )  # fmt: skip
+        self.draft = OnlineLinearFit(
+            DRAFT_FEATURES, np.array(draft or DEFAULT_DRAFT), relative_prior=draft is None, **kw
+        )
+        self.other = OnlineLinearFit(
+            OTHER_FEATURES, np.array(other or DEFAULT_OTHER), relative_prior=other is None, **kw
+        )
         self.meta = dict(meta or {})
 
     # -- prediction ---------------------------------------------------------------------------------
@@ -237,13 +172,13 @@ class CostModel:
         > 0 unless ``drafted`` says whether a propose call is (True) or is not (False) part of the step;
         ``draft_budget``: the budget the drafter was asked for (one propose at the largest candidate, then
         truncated), default each candidate's own budget."""
-        # Written out (no feature matrices): the policy calls this every step for every candidate.
+        # Written out (no full feature matrices): the policy calls this every step for every candidate.
         k = np.asarray(budgets, dtype=np.float64)
         n_batched = batch_size + k
-        fa, fb, ft, fc = self.forward.coef
+        f = self.forward.coef
         oa, ob, oc = self.other.coef
         da, db, dc = self.draft.coef
-        fwd = fa * n_context + fb * n_batched + ft * (k > 0) + fc
+        fwd = f[0] * n_context + token_segments(n_batched) @ f[1:-2] + f[-2] * (k > 0) + f[-1]
         oth = oa * batch_size + ob * n_batched + oc
         kd = k if draft_budget is None else float(draft_budget)
         drf = da * batch_size + db * kd + dc + 0.0 * k
@@ -253,11 +188,24 @@ class CostModel:
             drf = np.zeros_like(k)
         return StepCost(np.maximum(fwd, 0.0), np.maximum(drf, 0.0), np.maximum(oth, 0.0))
 
+    def measured_tokens(self) -> int:
+        """The most tokens any forward in the model's window scored (0 before the first step)."""
+        if not self.forward.num_samples:
+            return 0
+        seg = np.stack(self.forward._xs)[:, 1:-2]
+        return round(1 + float(seg.sum(axis=1).max()))
+
     def prefill_time(self, prompt_tokens: int) -> float:
         """Predicted time of prefilling one prompt of ``prompt_tokens`` tokens in its own forward (as the
-        engine does between steps): a forward with no committed context and every token batched."""
+        engine does between steps): a forward with no committed context and every token batched. Beyond
+        the largest forward measured, the mean slope over the measured sizes is kept (the token segments
+        there hold only the prior, which prices sizes the budget policy should try, not prefills)."""
         n = float(prompt_tokens)
-        fwd = self.forward.predict(np.array(forward_features(0, n, n)))
+        fwd = float(self.forward.predict(np.array(forward_features(0, n, n))))
+        m = self.measured_tokens()
+        if n > m >= 2:
+            at = lambda x: float(self.forward.predict(np.array(forward_features(0, x, x))))  # noqa: E731
+            fwd = max(fwd, at(m) + (n - m) * (at(m) - at(1)) / (m - 1))
         oth = self.other.predict(np.array([1.0, 1.0, 1.0]))
         return float(max(fwd, 0.0) + max(oth, 0.0))
 
@@ -285,32 +233,43 @@ class CostModel:
 
     # -- persistence --------------------------------------------------------------------------------
     def to_dict(self) -> dict:
+        f = self.forward.coef
         return {
             "version": PROFILE_VERSION,
             "meta": self.meta,
-            "forward": dict(zip(FORWARD_FEATURES, map(float, self.forward.coef), strict=True)),
+            "forward": {
+                "n_context": float(f[0]),
+                "knots": list(KNOTS),
+                "n_batched": [float(v) for v in f[1:-2]],  # slope per segment after each knot, s/token
+                "tree": float(f[-2]),
+                "const": float(f[-1]),
+            },
             "draft": dict(zip(DRAFT_FEATURES, map(float, self.draft.coef), strict=True)),
             "other": dict(zip(OTHER_FEATURES, map(float, self.other.coef), strict=True)),
         }
 
     @classmethod
     def from_dict(cls, d: dict, **kw) -> CostModel:
-        if not isinstance(d, dict) or d.get("version") != PROFILE_VERSION:
-            raise ValueError(f"not a cost profile of version {PROFILE_VERSION}")
+        """A model seeded by a profile (``to_dict``; version 1 profiles, with one token slope, load too)."""
+        if not isinstance(d, dict) or d.get("version") not in (1, PROFILE_VERSION):
+            raise ValueError(f"not a cost profile of version 1 or {PROFILE_VERSION}")
         try:
-            parts = [
-                tuple(float(d[part].get(f, 0.0) if f == "tree" else d[part][f]) for f in feats)
-                for part, feats in (
-                    ("forward", FORWARD_FEATURES),
-                    ("draft", DRAFT_FEATURES),
-                    ("other", OTHER_FEATURES),
-                )
-            ]
+            fw = d["forward"]
+            slopes = fw["n_batched"]
+            if d["version"] >= 2 and list(fw.get("knots", [])) != list(KNOTS):
+                raise ValueError(f"cost profile has token knots {fw.get('knots')}, this sssd uses {KNOTS}")
+            slopes = float(slopes) if d["version"] == 1 else [float(v) for v in slopes]
+            forward = (float(fw["n_context"]), slopes, float(fw.get("tree", 0.0)), float(fw["const"]))
+            draft, other = (
+                tuple(float(d[part][f]) for f in feats)
+                for part, feats in (("draft", DRAFT_FEATURES), ("other", OTHER_FEATURES))
+            )
         except (KeyError, TypeError) as e:
             raise ValueError(f"cost profile is missing a coefficient: {e}") from None
-        if any(not math.isfinite(v) or v < 0 for p in parts for v in p):
+        values = [forward[0], *np.ravel(forward[1]), *forward[2:], *draft, *other]
+        if any(not math.isfinite(v) or v < 0 for v in values):
             raise ValueError("cost profile coefficients must be finite and non-negative")
-        return cls(*parts, meta=d.get("meta", {}), **kw)
+        return cls(forward, draft, other, meta=d.get("meta", {}), **kw)
 
     def save(self, path: str | os.PathLike, extra: dict | None = None) -> None:
         """Writes the profile as JSON (atomically: temporary file + rename)."""
@@ -334,8 +293,10 @@ class CostModel:
 
     def __repr__(self) -> str:
         f, d, o = self.forward.coef, self.draft.coef, self.other.coef
+        at = {n: float(self.predict(1, 0, n - 1, drafted=False).forward) for n in (1, 8, 32, 128)}
         return (
-            f"CostModel(forward={f[0]:.3g}·ctx + {f[1]:.3g}·tok + {f[2]:.3g}·tree + {f[3]:.3g}, "
+            f"CostModel(forward={f[0]:.3g}·ctx + {f[-2]:.3g}·tree + g(tokens) with g(1) = {at[1]:.3g}, "
+            f"g(8) = {at[8]:.3g}, g(32) = {at[32]:.3g}, g(128) = {at[128]:.3g} (context 0), "
             f"draft={d[0]:.3g}·B + {d[1]:.3g}·k + {d[2]:.3g}, "
             f"other={o[0]:.3g}·B + {o[1]:.3g}·tok + {o[2]:.3g})"
         )

@@ -82,6 +82,31 @@ def choose_budget(
     return BudgetChoice(best, float(correction * gain[best]), float(step[best]), goodput, step)
 
 
+def explore_budget(
+    choice: BudgetChoice, gain: np.ndarray, correction: float, tick: int, every: int, plain: bool = False
+) -> BudgetChoice:
+    """Local exploration around the goodput-optimal budget ``k``: on one of every ``every`` steps half of
+    it (0 instead with ``plain``), ``every`` steps later one and a half times it (within the batch).
+
+    A cost model fitted only on the sizes the policy picks cannot tell their cost from the constant while
+    it always picks the same size, so a wrong slope would never be corrected. Goodput is flat around its
+    optimum, so these steps cost little, and they give the model sizes on both sides of it (and, with
+    ``plain``, a plain decoding step when the engine has had none for a while). ``gain`` [K+1] as in
+    :func:`choose_budget`; returns the (possibly) moved choice."""
+    if every <= 0 or tick % every != 0 or choice.budget == 0:
+        return choice
+    k_max = len(choice.goodput) - 1
+    if (tick // every) % 2 == 0:
+        k = 0 if plain else choice.budget // 2
+    else:
+        k = min(k_max, (3 * choice.budget + 1) // 2)
+    if k == choice.budget:
+        return choice
+    return BudgetChoice(
+        k, float(correction * gain[k]), float(choice.step_s[k]), choice.goodput, choice.step_s
+    )
+
+
 def request_gain_table(batch, f: np.ndarray | None = None) -> np.ndarray:
     """Expected accepted tokens of every request for every global budget: [K+1, B] float64, where row k
     sums f over the request's nodes with rank < k (the batch's ``truncate(k)``)."""
