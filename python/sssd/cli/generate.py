@@ -17,6 +17,7 @@ from typing import Any
 
 from sssd.cli.datastores import open_checked_datastore
 from sssd.cli.header import NOTE, describe_run, ignored_options
+from sssd.models.loading import DTYPE_CHOICES, DTYPE_HELP
 
 NAME = "generate"
 
@@ -68,9 +69,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=0, help="sampling: keep the k likeliest tokens (0: all)")
     p.add_argument("--top-p", type=float, default=1.0, help="sampling: nucleus probability mass")
     p.add_argument("--seed", type=int, help="sampling: seed of prompt 0 (prompt i uses seed + i)")
-    p.add_argument(
-        "--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="model weights"
-    )
+    p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, help=DTYPE_HELP)
     p.add_argument("--device", default="auto", help="auto (a GPU when torch sees one), cpu, cuda, cuda:1")
     p.add_argument(
         "--attention",

@@ -11,6 +11,8 @@ import argparse
 import time
 from pathlib import Path
 
+from sssd.models.loading import DTYPE_CHOICES, DTYPE_HELP
+
 NAME = "profile"
 
 
@@ -44,9 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budgets", default=None, help=_grid_help("tree tokens per step", "budgets"))
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     p.add_argument("--device", default="auto", help="auto (a GPU when torch sees one), cpu, cuda, ...")
-    p.add_argument(
-        "--dtype", default="float32", choices=("float32", "bfloat16", "float16"), help="model weights"
-    )
+    p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, help=DTYPE_HELP)
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompts and trees measured")
     p.add_argument(
         "--refit", default=None, help="fit a saved profile's samples again, no measuring; writes --output"
@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
     from sssd.models.loading import load_model
 
     model, _, path = load_model(args.model, args.dtype, args.device)
-    name = f"{path.name} ({args.dtype}, {model.device})"
+    name = f"{path.name} ({str(model.dtype).removeprefix('torch.')}, {model.device})"
     say = lambda msg: print(msg, flush=True)  # noqa: E731
     t0 = time.perf_counter()
     with torch.inference_mode():

@@ -13,6 +13,42 @@ from pathlib import Path
 from typing import Any
 
 DTYPES = ("float32", "bfloat16", "float16")
+DTYPE_CHOICES = ("auto", *DTYPES)  # what --dtype accepts
+DTYPE_HELP = (
+    "model weights: auto (float32 on a CPU: the exactness reference, greedy output identical token for "
+    "token to plain decoding; bfloat16 on a GPU), float32, bfloat16 or float16. In bfloat16/float16 a "
+    "forward over many tokens rounds differently from one-token forwards, so outputs can drift from plain "
+    "decoding in the same dtype"
+)
+
+
+def cpu_bf16_units() -> str | None:
+    """The CPU's bfloat16 matrix hardware as torch reports it: ``"AMX-BF16"`` (Intel AMX tiles, which
+    oneDNN uses for bfloat16 matrix products), ``"AVX512-BF16"`` (bfloat16 dot-product instructions), or
+    None (bfloat16 is then emulated and no faster than float32). Asked of torch's own CPU queries
+    (``torch.cpu._is_amx_tile_supported`` and ``_is_avx512_bf16_supported``, private in torch 2.x;
+    missing ones count as absent)."""
+    import torch
+
+    for name, query in (("AMX-BF16", "_is_amx_tile_supported"), ("AVX512-BF16", "_is_avx512_bf16_supported")):
+        fn = getattr(torch.cpu, query, None)
+        try:
+            if fn is not None and fn():
+                return name
+        except RuntimeError:  # a torch built without the query's backend
+            continue
+    return None
+
+
+def resolve_dtype(dtype: str, device: str) -> str:
+    """The dtype to load for ``--dtype`` on ``device`` (as resolved by :func:`resolve_device`): ``auto`` is
+    float32 on a CPU, with or without bfloat16 units (float32 is where greedy speculation is exact; the
+    faster bfloat16 stays the user's choice) and bfloat16 on a GPU."""
+    if dtype not in DTYPE_CHOICES:
+        raise ValueError(f"dtype must be one of {DTYPE_CHOICES}, got {dtype!r}")
+    if dtype != "auto":
+        return dtype
+    return "float32" if str(device).startswith("cpu") else "bfloat16"
 
 
 def resolve_device(device: str = "auto") -> str:
@@ -105,16 +141,17 @@ def resolve_model(spec: str | Path | None) -> Path:
 
 
 def load_model(spec: str | Path | None, dtype: str = "float32", device: str = "cpu") -> tuple[Any, Any, Path]:
-    """(model, tokenizer, directory) for ``spec`` as in :func:`resolve_model`, in ``dtype`` on ``device``
-    (as in :func:`resolve_device`)."""
+    """(model, tokenizer, directory) for ``spec`` as in :func:`resolve_model`, in ``dtype`` (one of
+    ``DTYPE_CHOICES``, as in :func:`resolve_dtype`) on ``device`` (as in :func:`resolve_device`)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from sssd.models.local import load_tokenizer
 
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    if dtype not in DTYPE_CHOICES:
+        raise ValueError(f"dtype must be one of {DTYPE_CHOICES}, got {dtype!r}")
     device = resolve_device(device)
+    dtype = resolve_dtype(dtype, device)
     path = resolve_model(spec)
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=getattr(torch, dtype)).to(device).eval()
     return model, load_tokenizer(path), path
