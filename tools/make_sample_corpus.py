@@ -6,7 +6,8 @@ Usage: PYTHONPATH=python python3 tools/make_sample_corpus.py [../shared/data] [-
 smollm2_other_outputs.{tokens,offsets}.npy — SmolLM2-135M-Instruct's own greedy outputs on other prompts —
 with the SmolLM2 tokenizer's fingerprint. ``demo_prompts.json``: the user messages of the first
 ``--prompts`` MT-Bench and HumanEval pairs of smollm2_dev_pairs.jsonl (none of them is among the corpus's
-prompts), so the demo needs no evaluation package.
+prompts), so the demo needs no evaluation package, followed by the hand-written prompts already in the
+file (passage, JSON and code-editing kinds), which are kept as they are.
 """
 
 from __future__ import annotations
@@ -60,6 +61,9 @@ def write_prompts(pairs: Path, per_subset: int) -> None:
         for row, kind in ((chat, "chat"), (code, "code")):
             prompts.append({"id": row["id"], "kind": kind, "text": row["text"]})
     out = OUT.parent / "demo_prompts.json"
+    # the hand-written prompts (passage, JSON, code-editing kinds) are not from the dev pairs: kept, after
+    kept = [it for it in json.loads(out.read_text(encoding="utf-8")) if it["kind"] not in ("chat", "code")]
+    prompts += kept
     write_text_atomic(out, json.dumps(prompts, indent=1, ensure_ascii=False) + "\n")
     print(f"{out}: {len(prompts)} prompts")
 

@@ -2,8 +2,11 @@
 
 ``smollm2_sample.npz``: the development corpus (1,500 documents, 182,384 tokens as uint16, 128 kB):
 SmolLM2-135M-Instruct's own greedy outputs on other prompts, in the SmolLM2 vocabulary (49,152 tokens).
-``demo_prompts.json``: six chat and code prompts (MT-Bench and HumanEval items of the development set,
-none of them among the corpus's prompts). Regenerate both with ``tools/make_sample_corpus.py``.
+``demo_prompts.json``: twelve prompts of five kinds (``kind``): three chat and three code-completion
+prompts (MT-Bench and HumanEval items of the development set, none of them among the corpus's prompts),
+then hand-written ones that give the model text to work from: two each of answering from a passage, JSON
+from given text, and editing given code. Regenerate both with ``tools/make_sample_corpus.py`` (it keeps
+the hand-written prompts).
 """
 
 from __future__ import annotations

@@ -70,6 +70,7 @@ class BudgetConfig:
     # every n-th drafted step verifies half the chosen budget, the n-th after that 1.5 times it, so that the
     # cost model measures sizes around its optimum (0: never)
     explore_every: int = 8
+    explore_warmup: int = 16  # the first drafted steps explore every other step (a cold model learns fast)
     plain_probe_every: int = 64  # a plain step instead of the half when none was measured for this many steps
     slo_slack_s: float = 0.0  # ε added to the predicted step time when deciding who falls short
     slo_goodput_tolerance: float = 0.05  # expected goodput the SLO choice may give up
@@ -319,7 +320,10 @@ class BudgetPolicy:
         else:
             self._tick += 1
             plain = self._since_plain >= cfg.plain_probe_every
-            choice = explore_budget(choice, batch.gain, self.correction, self._tick, cfg.explore_every, plain)
+            choice = explore_budget(
+                choice, batch.gain, self.correction, self._tick, cfg.explore_every, plain=plain,
+                warmup=cfg.explore_warmup,
+            )  # fmt: skip
         self._update_backoff(choice, b, n_context)
         k = choice.budget
         self._last = StepPlan(

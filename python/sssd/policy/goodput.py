@@ -83,16 +83,19 @@ def choose_budget(
 
 
 def explore_budget(
-    choice: BudgetChoice, gain: np.ndarray, correction: float, tick: int, every: int, plain: bool = False
-) -> BudgetChoice:
-    """Local exploration around the goodput-optimal budget ``k``: on one of every ``every`` steps half of
-    it (0 instead with ``plain``), ``every`` steps later one and a half times it (within the batch).
+    choice: BudgetChoice, gain: np.ndarray, correction: float, tick: int, every: int, *,
+    plain: bool = False, warmup: int = 0,
+) -> BudgetChoice:  # fmt: skip
+    """Local exploration around the goodput-optimal budget ``k`` at drafted step ``tick`` (1, 2, ...): on
+    one of every ``every`` steps half of it (0 instead with ``plain``), ``every`` steps later one and a half
+    times it (within the batch); during the first ``warmup`` steps every other step.
 
     A cost model fitted only on the sizes the policy picks cannot tell their cost from the constant while
     it always picks the same size, so a wrong slope would never be corrected. Goodput is flat around its
     optimum, so these steps cost little, and they give the model sizes on both sides of it (and, with
     ``plain``, a plain decoding step when the engine has had none for a while). ``gain`` [K+1] as in
     :func:`choose_budget`; returns the (possibly) moved choice."""
+    every = 2 if tick <= warmup else every
     if every <= 0 or tick % every != 0 or choice.budget == 0:
         return choice
     k_max = len(choice.goodput) - 1

