@@ -226,7 +226,7 @@ def header(args) -> list[str]:
     ]
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=5, help="bundled prompts (kinds in turn; 12 = all)")
     ap.add_argument("--max-new-tokens", type=int, default=96)
@@ -234,7 +234,7 @@ def main() -> int:
     ap.add_argument("--batches", default="1")
     ap.add_argument("--budgets", default="0,4,8,16,32", help="fixed budgets (0: the engine's plain decoding)")
     ap.add_argument(
-        "--cap", type=int, default=None, help="the adaptive policy's largest budget (default: max)"
+        "--cap", type=int, help="the adaptive policy's largest budget (default: the largest fixed)"
     )
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--threads", type=int, default=1)
@@ -250,49 +250,49 @@ def main() -> int:
     args = ap.parse_args()
     if args.full:
         args.prompts, args.max_new_tokens, args.rounds, args.batches = 12, 256, 3, "1,4"
-    torch.set_num_threads(args.threads)
-    budgets = [int(b) for b in args.budgets.split(",")]
-    if 0 not in budgets:
+    args.budgets = [int(b) for b in args.budgets.split(",")]
+    if 0 not in args.budgets:
         raise SystemExit("--budgets must include 0 (the plain decoding every output is compared with)")
-    cap = args.cap or max(budgets)
+    args.cap = args.cap or max(args.budgets)
+    return args
+
+
+def bench_dtype(args, dtype: str, items) -> tuple[list[str], list[str], list[dict]]:
+    """Every batch size in ``dtype``: (table rows, notes, raw measurements)."""
+    model, tok, _ = load_model(None, dtype)
+    hf_model = None if args.no_hf else load_model(None, dtype)[0]  # the engine switches its model's attention
+    prompts = [chat_ids(tok, it["text"]) for it in items]
+    rows, notes, dump = [], [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "d.sssd"
+        sssd.build_datastore(sample_corpus(), path, vocab_size=sample_vocab_size(), tokenizer=tok)
+        ds = sssd.Datastore.open(path, tokenizer=tok)
+        for batch in map(int, args.batches.split(",")):
+            runs = runs_for(args.budgets, args.cap, not args.no_hf)
+            measure(
+                runs, (model, hf_model), tok, ds, prompts, batch, args.rounds, args.max_new_tokens, args.fresh
+            )
+            rows += table(runs, dtype, batch)
+            print("\n".join(rows[-len(runs) :]), flush=True)
+            notes += policy_lines(runs[-1], dtype, batch) + kind_lines(runs, items, dtype, batch)
+            dump += [
+                {"dtype": dtype, "batch": batch, "run": r.name, "tokens": r.tokens, "secs": r.secs,
+                 "outputs": {items[i]["id"]: o for i, o in r.outputs.items()}}
+                for r in runs
+            ]  # fmt: skip
+    return rows, notes, dump
+
+
+def main() -> int:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
     items = bundled_items(args.prompts)
     lines, notes, dump = header(args), [], []
     print("\n".join(lines), flush=True)
     for dtype in args.dtypes.split(","):
-        model, tok, _ = load_model(None, dtype)
-        hf_model = (
-            None if args.no_hf else load_model(None, dtype)[0]
-        )  # the engine switches its model's attention
-        prompts = [chat_ids(tok, it["text"]) for it in items]
-        with tempfile.TemporaryDirectory() as tmp:
-            sssd.build_datastore(
-                sample_corpus(), Path(tmp) / "d.sssd", vocab_size=sample_vocab_size(), tokenizer=tok
-            )
-            ds = sssd.Datastore.open(Path(tmp) / "d.sssd", tokenizer=tok)
-            for batch in map(int, args.batches.split(",")):
-                runs = runs_for(budgets, cap, not args.no_hf)
-                measure(
-                    runs,
-                    (model, hf_model),
-                    tok,
-                    ds,
-                    prompts,
-                    batch,
-                    args.rounds,
-                    args.max_new_tokens,
-                    args.fresh,
-                )
-                rows = table(runs, dtype, batch)
-                print("\n".join(rows), flush=True)
-                lines += rows
-                notes += policy_lines(runs[-1], dtype, batch) + kind_lines(runs, items, dtype, batch)
-                dump += [
-                    {"dtype": dtype, "batch": batch, "run": r.name, "tokens": r.tokens, "secs": r.secs,
-                     "outputs": {items[i]["id"]: o for i, o in r.outputs.items()}}
-                    for r in runs
-                ]  # fmt: skip
-    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    notes.append(f"- load average at the end: {load}")
+        r, n, d = bench_dtype(args, dtype, items)
+        lines, notes, dump = lines + r, notes + n, dump + d
+    notes.append(f"- load average at the end: {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
     print("\n" + "\n".join(notes))
     if args.out:
         with open(args.out, "a", encoding="utf-8") as f:
