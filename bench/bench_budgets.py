@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import sssd
 import torch
+from bench_engine import hf_generate  # greedy generate, left-padded batches, cut after EOS
 from sssd.cli.demo import bundled_items, first_difference
 from sssd.data import sample_corpus, sample_vocab_size
 from sssd.models.loading import chat_ids, cpu_bf16_units, load_model
@@ -60,17 +61,6 @@ def runs_for(budgets: list[int], cap: int, hf: bool) -> list[Run]:
     runs = [Run("generate", None)] if hf else []
     runs += [Run("budget 0" if b == 0 else f"fixed {b}", b) for b in budgets]
     return [*runs, Run(f"adaptive 0..{cap}", cap, "adaptive")]
-
-
-def hf_generate(model, batch: list[list[int]], new: int, eos: int) -> list[list[int]]:
-    """Greedy ``generate`` (left-padded when batched); outputs cut after EOS."""
-    width = max(map(len, batch))
-    ids = torch.tensor([[eos] * (width - len(p)) + p for p in batch])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
-    with torch.inference_mode():
-        out = model.generate(ids, attention_mask=mask, max_new_tokens=new, do_sample=False, pad_token_id=eos)
-    rows = out[:, width:].tolist()
-    return [row[: row.index(eos) + 1] if eos in row else row for row in rows]
 
 
 def engine_for(run: Run, model, tok, ds, batch: int):

