@@ -82,6 +82,8 @@ def one_turn(run: Run, engine, hf_model, chunk: list[int], prompts, new: int, eo
         taken = engine.stats.steps - before
         run.steps += taken
         run.nodes += [h.num_nodes - h.batch_size for h in list(engine.stats.history)[-taken:]]
+        if run.mode == "adaptive" and taken:  # the policy keeps its most recent steps only
+            run.trace += list(engine.policy.trace)[-taken:]
         for i, r in zip(chunk, res, strict=True):
             run.prompt_steps[i] = r.stats.steps
     secs = time.perf_counter() - t
@@ -106,22 +108,15 @@ def measure(
             for j in range(len(runs)):
                 k = (r + c + j) % len(runs)
                 if fresh and c > 0:
-                    _keep_trace(runs[k], engines[k])
                     engines[k] = make(runs[k])
                 n, s = one_turn(runs[k], engines[k], hf_model, chunk, prompts, new, eos)
                 tokens[k] += n
                 secs[k] += s
-        for run, e, n, s in zip(runs, engines, tokens, secs, strict=True):
+        for run, n, s in zip(runs, tokens, secs, strict=True):
             run.tokens.append(int(n))
             run.secs.append(float(s))
-            _keep_trace(run, e)
         line = ", ".join(f"{run.name} {run.rate(r):.1f}" for run in runs)
         print(f"  round {r + 1}/{rounds}: tok/s {line}", flush=True)
-
-
-def _keep_trace(run: Run, engine) -> None:
-    if engine is not None and run.mode == "adaptive":
-        run.trace += list(engine.policy.trace)
 
 
 def agreement(run: Run, plain: Run) -> str:

@@ -53,7 +53,7 @@ def test_help_prints_the_defaults(capsys):
         "(default: on when the model has one)",
         "--no-chat",
         "(default: adaptive)",
-        "(default: float32)",
+        "(default: auto)",
         "HuggingFaceTB/SmolLM2-135M-Instruct",
     ):
         assert piece in text

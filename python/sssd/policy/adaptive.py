@@ -126,7 +126,8 @@ class BudgetPolicy:
         self.slo: dict[int, SLOTarget] = {}
         # (batch size, chosen budget) of the most recent steps (bounded: a server runs for days)
         self.history: deque[tuple[int, int]] = deque(maxlen=4096)
-        self.trace: deque[PolicyStep] = deque(maxlen=4096)  # the same steps, predicted vs measured
+        # the most recent steps as planned and measured (as many as the cost model's sample window)
+        self.trace: deque[PolicyStep] = deque(maxlen=self.cost.forward.window)
         self._requests: dict[int, _RequestStats] = {}
         self._skip = 0  # steps left without proposing
         self._backoff = 1
