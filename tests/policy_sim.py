@@ -8,6 +8,8 @@ batch, budgets)`` gives the expected goodput of each fixed budget, so a test kno
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 from sssd.policy.adaptive import StepTiming, StepView
 from sssd.policy.goodput import accumulated_probs, request_gain_table
@@ -56,9 +58,10 @@ def _accepted(kept, u: np.ndarray) -> list[int]:
     return out
 
 
-def run_policy(policy, curve, batches, steps: int, *, seed: int = 0, noise: float = 0.05):
+def run_policy(policy, curve, batches, steps: int, *, seed: int = 0, noise: float = 0.05, truth=None):
     """Drives ``policy`` for ``steps`` steps; at step i the drafter holds ``batches[i % len(batches)]`` (one
-    batch: always the same). Returns (budgets [steps], tokens [steps], seconds [steps])."""
+    batch: always the same). ``truth(kept)``: the true acceptance probability of each kept node (default:
+    the drafter's own, i.e. calibrated). Returns (budgets [steps], tokens [steps], seconds [steps])."""
     batches = batches if isinstance(batches, list) else [batches]
     b = len(batches[0].offsets) - 1
     depth = max(int(np.max(x.depth)) for x in batches) + 1
@@ -74,6 +77,8 @@ def run_policy(policy, curve, batches, steps: int, *, seed: int = 0, noise: floa
             kept = policy.select(view, drafter.propose(view.request_ids, budget=k_plan))
             draft_s = DRAFT_S
         k = 0 if kept is None else int(len(kept.tokens) - b)
+        if kept is not None and truth is not None:
+            kept = dataclasses.replace(kept, probs=np.asarray(truth(kept), dtype=np.float64))
         acc = _accepted(kept, u) if kept is not None and k > 0 else [0] * b
         fwd = curve(b + k, b) * jitter
         step = fwd + draft_s + OTHER_S

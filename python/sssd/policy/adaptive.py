@@ -37,7 +37,9 @@ from sssd.policy.goodput import (
     cap_per_request,
     choose_budget,
     explore_budget,
+    kept_per_request,
     request_gain_table,
+    scale_by_request,
     slo_first,
     truncate_batch,
 )
@@ -64,6 +66,10 @@ class BudgetConfig:
     min_gain: float = 0.02  # speculate only if predicted goodput beats plain decoding by this much
     acceptance_correction: bool = True  # scale Σf by the observed/predicted acceptance ratio
     correction_window: float = 64.0  # steps (exponential forgetting of the ratio's evidence)
+    # each request's own observed/predicted ratio (shrunk towards the batch's by this many predicted
+    # tokens) values and ranks its nodes: a request copying from its prompt gets the nodes it accepts
+    request_correction_prior: float = 4.0  # 0: one ratio for the whole batch
+    request_correction_window: float = 32.0  # drafted steps of the request
     max_backoff: int = 32  # longest run of steps without calling the drafter before probing again
     # drafted steps over which the drafter's predicted net value is averaged; the policy backs off when
     # the average falls below -min_gain (one step where the drafter finds nothing is no reason to stop)
@@ -109,6 +115,8 @@ class _RequestStats:
     time_s: float = 0.0  # steps taken part in + prefill stalls after its first step
     tokens: int = 0
     steps: int = 0
+    accepted: float = 0.0  # forgotten sums of its accepted draft tokens and of the drafter's Σf for them
+    predicted: float = 0.0
 
 
 class BudgetPolicy:
@@ -133,6 +141,7 @@ class BudgetPolicy:
         self._backoff = 1
         self._tick = 0  # drafted steps without TPOT targets (the exploration schedule)
         self._since_plain = 0  # steps since the last one without draft nodes
+        self._last_raw = np.zeros(0)  # the drafter's Σf per request of the last step's kept nodes
         self._draft_value = 0.0  # running mean of the drafter's predicted net value (relative goodput)
         self._last: StepPlan | None = None
         self._last_rids: list[int] = []
@@ -258,32 +267,32 @@ class BudgetPolicy:
             exp = float(self.correction * batch.gain[k])
             pred = float(self.cost.predict(b, n_context, k, drafted=True, draft_budget=cfg.budget).total)
             self._last = StepPlan(truncate_batch(batch, k), k, exp, pred, True)
+            self._last_raw = kept_per_request(self._last.batch)
             return self._last.batch
-        choice = choose_budget(
-            batch.gain,
-            b,
-            n_context,
-            self.cost,
-            correction=self.correction,
-            min_gain=cfg.min_gain,
-            draft_budget=cfg.budget,
-        )
         targets, prio = self._targets(rids)
-        if np.isfinite(targets).any():
+        slo = bool(np.isfinite(targets).any())
+        corr = self.correction
+        if not slo and cfg.acceptance_correction and cfg.request_correction_prior > 0:
+            batch, corr = scale_by_request(batch, self._request_scales(rids)), 1.0
+        choice = choose_budget(
+            batch.gain, b, n_context, self.cost, correction=corr, min_gain=cfg.min_gain,
+            draft_budget=cfg.budget,
+        )  # fmt: skip
+        if slo:
             rerank = not getattr(self, "_slo_proposed", False)
             batch, choice = self._slo_choice(batch, choice, b, n_context, targets, prio, rerank)
         else:
             self._tick += 1
             plain = self._since_plain >= cfg.plain_probe_every
             choice = explore_budget(
-                choice, batch.gain, self.correction, self._tick, cfg.explore_every, plain=plain,
+                choice, batch.gain, corr, self._tick, cfg.explore_every, plain=plain,
                 warmup=cfg.explore_warmup,
             )  # fmt: skip
         self._update_backoff(choice, b, n_context)
         k = choice.budget
-        self._last = StepPlan(
-            truncate_batch(batch, k), k, choice.expected_accepted, choice.predicted_s, True, choice
-        )
+        kept = truncate_batch(batch, k)
+        self._last = StepPlan(kept, k, choice.expected_accepted, choice.predicted_s, True, choice)
+        self._last_raw = kept_per_request(kept)
         self._last_step_s = choice.predicted_s
         return self._last.batch
 
@@ -387,7 +396,8 @@ class BudgetPolicy:
                            plan.expected_accepted, int(accepted.sum()))
             )  # fmt: skip
         if drafted and plan.budget > 0:
-            pred = plan.expected_accepted / max(self.correction, 1e-9)  # back to the raw Σf
+            pred = float(self._last_raw.sum())  # the drafter's own Σf of the verified nodes
+            self._observe_requests(accepted)
             a = self.acceptance
             decay = 1.0 - 1.0 / max(self.config.correction_window, 1.0)
             a.predicted = decay * a.predicted + pred
@@ -411,6 +421,28 @@ class BudgetPolicy:
                 st.time_s += float(timing.step_time) + (stall if st.tokens > 0 else 0.0)
                 st.tokens += int(n) + 1
                 st.steps += 1
+
+    def _request_scales(self, rids) -> np.ndarray:
+        """Each request's acceptance correction [B]: its own observed / predicted accepted tokens, shrunk
+        towards the batch's ratio by ``request_correction_prior`` predicted tokens (a new request starts
+        at the batch's), clipped to [0.25, 4]."""
+        prior, g = self.config.request_correction_prior, self.correction
+        out = np.full(len(rids), g)
+        for i, r in enumerate(rids):
+            st = self._requests.get(r)
+            if st is not None:
+                out[i] = (st.accepted + prior * g) / (st.predicted + prior)
+        return np.clip(out, 0.25, 4.0)
+
+    def _observe_requests(self, accepted: np.ndarray) -> None:
+        """Adds the last drafted step's accepted tokens [B] and the drafter's Σf for them to each request."""
+        if len(self._last_raw) != len(accepted) or len(self._last_rids) != len(accepted):
+            return
+        decay = 1.0 - 1.0 / max(self.config.request_correction_window, 1.0)
+        for rid, n, f in zip(self._last_rids, accepted, self._last_raw, strict=True):
+            st = self._requests.setdefault(rid, _RequestStats())
+            st.accepted = decay * st.accepted + float(n)
+            st.predicted = decay * st.predicted + float(f)
 
     # -- reports ------------------------------------------------------------------------------------
     def slo_report(self) -> dict[int, dict]:

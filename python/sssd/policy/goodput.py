@@ -142,6 +142,38 @@ def rerank(batch, order_key: np.ndarray):
     return dataclasses.replace(batch, rank=new_rank, gain=gain)
 
 
+def scale_by_request(batch, scale: np.ndarray):
+    """A copy of ``batch`` whose nodes are valued ``min(f(v) · scale[r], 1)`` for their request ``r`` (each
+    request's own acceptance correction, ``scale`` [B]) and ranked by that value; ``gain`` [K+1] is the
+    running sum of the values in the new order. One factor per tree keeps each tree's order (f never grows
+    from parent to child, ties keep the original order), so every prefix is still connected subtrees."""
+    f = accumulated_probs(batch)
+    rank = np.asarray(batch.rank)
+    offsets = np.asarray(batch.offsets)
+    scale = np.asarray(scale, dtype=np.float64)
+    if scale.shape != (len(offsets) - 1,):
+        raise ValueError(f"scale must have one entry per request ({len(offsets) - 1}), got {scale.shape}")
+    tree = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+    value = np.minimum(f * scale[tree], 1.0)
+    nodes = np.flatnonzero(rank >= 0)
+    nodes = nodes[np.argsort(rank[nodes], kind="stable")]  # the drafter's order: best first
+    order = nodes[np.argsort(-value[nodes], kind="stable")]
+    new_rank = rank.copy()
+    new_rank[order] = np.arange(len(order), dtype=rank.dtype)
+    gain = np.concatenate([[0.0], np.cumsum(value[order])])
+    return dataclasses.replace(batch, rank=new_rank, gain=gain)
+
+
+def kept_per_request(batch) -> np.ndarray:
+    """Σ f(v) over each request's non-root nodes of a (truncated) batch: [B] float64, the drafter's own
+    expected accepted tokens per request."""
+    f = accumulated_probs(batch)
+    offsets = np.asarray(batch.offsets)
+    tree = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+    nonroot = np.asarray(batch.parents) >= 0
+    return np.bincount(tree[nonroot], weights=f[nonroot], minlength=len(offsets) - 1)
+
+
 def cap_per_request(batch, cap: int):
     """Re-ranks so that no request gets more than ``cap`` nodes in any prefix: each tree's nodes beyond
     its first ``cap`` (in rank order) are dropped from the gain curve."""
