@@ -2,7 +2,7 @@
 
 ```python
 engine = sssd.Engine(model, tokenizer, drafter=drafter_or_None, config=sssd.EngineConfig(budget=16))
-results = engine.generate(prompts, max_new_tokens=256, temperature=0.0)   # strings or token lists
+results = engine.generate(prompts, max_new_tokens=256, temperature=0.0)   # text, chat messages, token ids
 for event in engine.stream(prompts, max_new_tokens=64): ...               # tokens as they are accepted
 rid = engine.add_request(prompt, max_new_tokens=32); events = engine.step()   # join/leave every step
 ```
@@ -29,7 +29,7 @@ import logging
 import time
 import weakref
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -464,8 +464,8 @@ class Engine:
         self, prompts: Any, params: SamplingParams | None, budget: int | None, kw: dict
     ) -> list[int]:
         if isinstance(prompts, (str, np.ndarray)) or (
-            isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], (int, np.integer))
-        ):
+            isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], (int, np.integer, Mapping))
+        ):  # one prompt: text, token ids or one conversation (a list of message dicts)
             prompts = [prompts]
         prompts = list(prompts)
         if not prompts:

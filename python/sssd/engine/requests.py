@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from sssd.engine.chat import chat_prompt_ids, is_messages
 from sssd.engine.detokenize import IncrementalDetokenizer
 from sssd.engine.sampling import SamplingParams
 
@@ -59,8 +60,12 @@ class StreamEvent:
 
 
 def as_prompt_ids(prompt: Any, tokenizer: Any, vocab_size: int) -> np.ndarray:
-    """int64 ``[n]`` token ids of a prompt given as text (needs a tokenizer) or as token ids."""
-    if isinstance(prompt, str):
+    """int64 ``[n]`` token ids of a prompt given as text (used as is; needs a tokenizer), as chat messages
+    (a list of ``{"role", "content"}`` dicts, rendered by the tokenizer's chat template with the generation
+    prompt: ``sssd.engine.chat``) or as token ids."""
+    if is_messages(prompt):
+        ids = np.asarray(chat_prompt_ids(prompt, tokenizer), dtype=np.int64)
+    elif isinstance(prompt, str):
         if tokenizer is None:
             raise ValueError("text prompts need a tokenizer; pass token ids or give the Engine a tokenizer")
         if not prompt:
