@@ -42,7 +42,9 @@ def _one_error_line(err: str, prog: str) -> str:
 
 def test_datastore_errors_are_one_line(bad_datastore, tmp_path, capsys):
     assert main(["info", str(bad_datastore)]) == 2
-    assert "smaller than a datastore header" in _one_error_line(capsys.readouterr().err, "sssd info")
+    assert f"{bad_datastore}: not an sssd datastore (bad magic bytes)" in _one_error_line(
+        capsys.readouterr().err, "sssd info"
+    )
     assert main(["info", str(tmp_path / "missing.sssd")]) == 2
     assert "not found" in _one_error_line(capsys.readouterr().err, "sssd info")
     pairs = tmp_path / "p.jsonl"
