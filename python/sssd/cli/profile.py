@@ -11,6 +11,8 @@ import argparse
 import time
 from pathlib import Path
 
+from sssd.cli.argtypes import integer, integer_list
+
 NAME = "profile"
 
 
@@ -39,10 +41,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--baseline", default=None, choices=("prompt-lookup",), help="time a baseline drafter")
     p.add_argument("--quick", action="store_true", help="a small grid (seconds, not minutes)")
-    p.add_argument("--batch-sizes", default=None, help=_grid_help("batch sizes", "batch_sizes"))
-    p.add_argument("--contexts", default=None, help=_grid_help("prompt lengths", "contexts"))
-    p.add_argument("--budgets", default=None, help=_grid_help("tree tokens per step", "budgets"))
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--batch-sizes", type=integer_list(lo=1), help=_grid_help("batch sizes", "batch_sizes"))
+    p.add_argument("--contexts", type=integer_list(lo=2), help=_grid_help("prompt lengths", "contexts"))
+    p.add_argument("--budgets", type=integer_list(lo=0), help=_grid_help("tree tokens per step", "budgets"))
+    p.add_argument("--threads", type=integer(lo=1), help="torch threads (default: torch's choice)")
     p.add_argument("--device", default="auto", help="auto (a GPU when torch sees one), cpu, cuda, ...")
     p.add_argument(
         "--dtype", default="float32", choices=("float32", "bfloat16", "float16"), help="model weights"
@@ -51,18 +53,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--refit", default=None, help="fit a saved profile's samples again, no measuring; writes --output"
     )
-
-
-def _ints(text: str | None, default: tuple[int, ...]) -> tuple[int, ...]:
-    if text is None:
-        return default
-    try:
-        vals = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise ValueError(f"expected a comma list of ints, got {text!r}") from None
-    if not vals or min(vals) < 0:
-        raise ValueError(f"expected non-negative ints, got {text!r}")
-    return vals
 
 
 def _contexts(pairs_path: str | None, n: int = 64):
@@ -113,16 +103,14 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     base = prof.ProfileGrid.quick() if args.quick else prof.ProfileGrid()
     grid = prof.ProfileGrid(
-        _ints(args.batch_sizes, base.batch_sizes),
-        _ints(args.contexts, base.contexts),
-        _ints(args.budgets, base.budgets),
+        tuple(args.batch_sizes or base.batch_sizes),
+        tuple(args.contexts or base.contexts),
+        tuple(args.budgets or base.budgets),
         base.steps,
         base.draft_batch_sizes,
         base.draft_budgets,
         base.draft_repeats,
     )
-    if min(grid.batch_sizes) < 1 or min(grid.contexts) < 2:
-        raise ValueError("batch sizes must be >= 1 and contexts >= 2 tokens")
     from sssd.models.loading import load_model
 
     model, _, path = load_model(args.model, args.dtype, args.device)

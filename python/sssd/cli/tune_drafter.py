@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sssd.cli.argtypes import integer, real
+
 NAME = "tune-drafter"
 DEFAULT_DRAFT = "layers:4"
 
@@ -45,34 +47,48 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="layers:N (the target's first N layers), width:H[,layers:N] (narrower, random decoder), or a "
         "model directory to continue from",
     )
-    p.add_argument("--drafts", type=int, default=1, help="drafts to train in turn (boosting when > 1)")
-    p.add_argument("--steps", type=int, default=200, help="optimizer steps per draft")
-    p.add_argument("--batch-size", type=int, default=4, help="packed rows per step")
-    p.add_argument("--seq-len", type=int, default=128, help="tokens per packed row")
-    p.add_argument("--lr", type=float, default=2e-3, help="AdamW peak learning rate (warm-up, cosine decay)")
-    p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay of the matrices")
-    p.add_argument("--warmup", type=int, default=20, help="steps of linear learning-rate warm-up")
+    p.add_argument(
+        "--drafts", type=integer(lo=1), default=1, help="drafts to train in turn (boosting when > 1)"
+    )
+    p.add_argument("--steps", type=integer(lo=1), default=200, help="optimizer steps per draft")
+    p.add_argument("--batch-size", type=integer(lo=1), default=4, help="packed rows per step")
+    p.add_argument("--seq-len", type=integer(lo=1), default=128, help="tokens per packed row")
+    p.add_argument(
+        "--lr",
+        type=real(0, lo_open=True),
+        default=2e-3,
+        help="AdamW peak learning rate (warm-up, cosine decay)",
+    )
+    p.add_argument("--weight-decay", type=real(0), default=0.01, help="AdamW weight decay of the matrices")
+    p.add_argument("--warmup", type=integer(lo=0), default=20, help="steps of linear learning-rate warm-up")
     p.add_argument(
         "--kl-weight",
-        type=float,
+        type=real(0, 1),
         default=0.0,
         help="share of the loss that is KL to the target's logits (runs the target every step; 0: "
         "cross-entropy to its tokens only)",
     )
-    p.add_argument("--temperature", type=float, default=1.0, help="temperature of the KL term")
+    p.add_argument(
+        "--temperature", type=real(0, lo_open=True), default=1.0, help="temperature of the KL term"
+    )
     p.add_argument(
         "--boost-weight",
-        type=float,
+        type=real(0, 1),
         default=0.1,
         help="--drafts > 1: weight of positions an earlier draft already predicts (0: drop them)",
     )
     p.add_argument("--train-embeddings", action="store_true", help="also train the embedding and LM head")
-    p.add_argument("--holdout", type=float, default=0.05, help="share of documents held out (progress)")
+    p.add_argument(
+        "--holdout",
+        type=real(0, 1, hi_open=True),
+        default=0.05,
+        help="share of documents held out (progress)",
+    )
     p.add_argument("--eval-pairs", help="pairs JSONL never trained on: agreement before and after tuning")
-    p.add_argument("--eval-every", type=int, default=100, help="steps between held-out evaluations")
+    p.add_argument("--eval-every", type=integer(lo=0), default=100, help="steps between held-out evaluations")
     p.add_argument("--seed", type=int, default=0, help="seed of the split, the shuffle and the init")
     p.add_argument("--device", default="auto", help="auto (a GPU when torch sees one), cpu, cuda, cuda:1")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--threads", type=integer(lo=0), default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--force", action="store_true", help="replace an existing --out directory")
 
 
@@ -80,8 +96,6 @@ def _check(args: argparse.Namespace) -> Any:
     from sssd.models.draft import DraftSpec
     from sssd.models.tuning import TuneConfig
 
-    if args.drafts < 1:
-        raise ValueError("--drafts must be >= 1")
     if Path(args.out).exists() and not args.force:
         raise FileExistsError(f"{args.out} exists: choose another --out or pass --force to replace it")
     if not Path(args.out).parent.is_dir():
