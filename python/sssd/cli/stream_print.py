@@ -77,8 +77,9 @@ class StreamPrinter:
 
     def interrupted(self) -> None:
         """Ctrl-C: closes the prompt on screen and shows the buffered text of every other started one."""
-        for i in range(self.current, len(self.names)):
-            if i != self.current and not self.tokens[i] and self.results[i] is None:
+        first, first_open = self.current, self.opened
+        for i in range(first, len(self.names)):
+            if not (i == first and first_open) and not self.tokens[i] and self.results[i] is None:
                 continue  # not started (or nothing decoded yet): nothing to show
             if not self.opened:
                 self._open(i)
