@@ -4,9 +4,10 @@ The draft (--draft) is the target's first N decoder layers with its embedding, f
 (layers:N), a narrower random model of the same vocabulary (width:H[,layers:N]), or an existing model
 directory of the same vocabulary. It learns the target's greedy tokens (cross-entropy; --kl-weight adds
 the KL divergence to the target's logits, computed on the fly) from --data: (prompt, output) pairs JSONL
-as `sssd generate --output` writes, and/or token corpora NAME.tokens.npy (+ NAME.offsets.npy) of the
-target's outputs. A --holdout share of the documents is never trained on: progress lines report the
-top-1 agreement with the target there. --eval-pairs measures it on other pairs before and after.
+as `sssd generate --output` writes, and/or token corpora of the target's outputs: NAME.tokens.npy
+(+ NAME.offsets.npy), or an .npz (tokens, offsets) such as the bundled sample corpus. A --holdout
+share of the documents is never trained on: progress lines report the top-1 agreement with the target
+there. --eval-pairs measures it on other pairs before and after.
 --drafts K > 1 trains K drafts in turn, each later one weighted toward the positions the earlier ones
 miss (boosting; see docs/tuning.md). The output directory appears complete or not at all (Ctrl-C,
 an error: nothing is written).
@@ -38,8 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--data",
         action="append",
         required=True,
-        help="training data, repeatable: pairs .jsonl (prompt_ids, output_ids) or NAME.tokens.npy with "
-        "NAME.offsets.npy beside it",
+        help="training data, repeatable: pairs .jsonl (prompt_ids, output_ids), NAME.tokens.npy with "
+        "NAME.offsets.npy beside it, or an .npz with arrays tokens and offsets (e.g. the bundled sample "
+        "corpus, sssd.data.sample_corpus_path())",
     )
     p.add_argument(
         "--draft",
@@ -142,11 +144,13 @@ def read_data(paths: list[str], vocab_size: int) -> list:
     for path in paths:
         if path.endswith(".jsonl"):
             part = _pairs_docs(path, vocab_size)
-        elif path.endswith(".npy"):
+        elif path.endswith((".npy", ".npz")):
             part = load_corpus(path)
             check_token_range(part, vocab_size, path)
         else:
-            raise ValueError(f"{path}: --data takes pairs .jsonl or NAME.tokens.npy (+ NAME.offsets.npy)")
+            raise ValueError(
+                f"{path}: --data takes pairs .jsonl, NAME.tokens.npy (+ NAME.offsets.npy) or an .npz corpus"
+            )
         if not part:
             raise ValueError(f"{path}: no documents with output tokens (empty data)")
         docs += part
