@@ -181,7 +181,7 @@ def test_a_minimal_install_says_what_to_install(datastore, tmp_path):
     code = "\n".join(
         [
             "import sys",
-            "sys.modules['torch'] = None  # as if `pip install sssd` without the torch extra",
+            "sys.modules['torch'] = None  # as if `pip install .` without the torch extra",
             "sys.modules['transformers'] = None",
             "from sssd.cli import main",
             "from datastore_tools.cli import main as build_main",

@@ -100,6 +100,6 @@ def from_value_error(parse: Callable[[str], T]) -> Callable[[str], T]:
 
 def version_text() -> str:
     """``sssd VERSION (python X.Y)``: what ``--version`` prints."""
-    from sssd import __version__
+    import sssd  # the package itself (its version), not one of its subpackages
 
-    return f"sssd {__version__} (python {sys.version_info.major}.{sys.version_info.minor})"
+    return f"sssd {sssd.__version__} (python {sys.version_info.major}.{sys.version_info.minor})"
