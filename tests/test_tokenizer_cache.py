@@ -31,24 +31,11 @@ def cache_dir(tmp_path, monkeypatch):
 
 @pytest.fixture
 def tok_dir(tmp_path):
-    """A BPE-free word-level tokenizer with a BOS/EOS post-processor and a chat template (a copy of the
-    one of test_build_datastore, made here so that each test owns its directory)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+    """A word-level tokenizer with a BOS/EOS post-processor and a chat template, a directory per test."""
+    from cli_models import save_wordlevel_tokenizer
 
-    specials = ["[UNK]", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
-    tk = Tokenizer(models.WordLevel(unk_token="[UNK]"))
-    tk.pre_tokenizer = pre_tokenizers.Whitespace()
-    tk.train_from_iterator(TEXTS, trainers.WordLevelTrainer(special_tokens=specials))
-    tk.post_processor = processors.TemplateProcessing(
-        single="<s> $A </s>", special_tokens=[("<s>", 1), ("</s>", 2)]
-    )
-    fast = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tk, unk_token="[UNK]", bos_token="<s>", eos_token="</s>",
-        additional_special_tokens=specials[3:],
-    )  # fmt: skip
-    fast.chat_template = "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
-    fast.save_pretrained(tmp_path / "tok")
-    return tmp_path / "tok"
+    template = "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
+    return save_wordlevel_tokenizer(tmp_path / "tok", TEXTS, template)
 
 
 def _encode(tok, add_special_tokens: bool) -> list[list[int]]:
