@@ -97,3 +97,18 @@ def test_the_architecture_map_names_every_subpackage():
         assert f"`{sub}`" in section, f"docs/architecture.md 'Where things live' does not name {sub}"
     for part in ("datastore_tools", "model drafters", "integrations", "csrc/core", "csrc/cuda"):
         assert part in section, part
+
+
+def test_install_words_work():
+    """sssd is not on the package index: every install line installs from a clone (`pip install
+    ".[extras]"`), and the README says how to get CPU torch before its first install command."""
+    if not (ROOT / "docs").is_dir():
+        pytest.skip("an installed copy, not a checkout")
+    for path in DOCS:
+        text = path.read_text(encoding="utf-8")
+        bad = re.findall(r"pip install (?:-e )?['\"]?sssd\b[^\n`]*", text)
+        assert not bad, f'{path.name}: {bad} (sssd installs from a clone: pip install ".[...]")'
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    first_install = readme.index("```bash")
+    assert readme.index("download.pytorch.org/whl/cpu") < first_install
+    assert readme.index("clone") < first_install
