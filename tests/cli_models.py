@@ -4,7 +4,9 @@ into a Hugging Face cache layout. No SmolLM2, no network."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import sys
 from pathlib import Path
 
 CHAT_TEMPLATE = (
@@ -72,3 +74,15 @@ def save_wordlevel_tokenizer(out: Path, texts: list[str], chat_template: str) ->
     fast.chat_template = chat_template
     fast.save_pretrained(out)
     return out
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """The environment of a child Python that imports the sssd and datastore_tools this test imports (the
+    installed wheel in CI, the working tree with PYTHONPATH=python), whatever its working directory."""
+    import sssd
+
+    import datastore_tools
+
+    paths = [str(Path(m.__file__).resolve().parents[1]) for m in (sssd, datastore_tools)]
+    paths += [str(Path(p).resolve()) for p in sys.path if p]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), **extra}

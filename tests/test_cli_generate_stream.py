@@ -5,7 +5,6 @@ record the tokenizer so that build-datastore takes them without flags. Tiny mode
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -13,7 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from cli_models import save_tiny_model, tiny_tokenizer
+from cli_models import save_tiny_model, subprocess_env, tiny_tokenizer
 from sssd.cli import main
 from sssd.cli.stream_print import StreamPrinter
 
@@ -146,7 +145,7 @@ def _greedy_text(model_dir, prompt, n):
 
 def test_a_real_sigint_keeps_the_text(tiny_dir, tmp_path):
     """SIGINT to a running `sssd generate`: the text so far is printed, the exit status is 130."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "python"), str(ROOT), *sys.path]))
+    env = subprocess_env()
     argv = ["generate", "--model", str(tiny_dir), "--device", "cpu", "--prompt", "w1 w2", "--budget", "0",
             "--max-new-tokens", "100000"]  # fmt: skip
     # the tiny model has 256 positions and ends at its context limit: each step is slowed so that the

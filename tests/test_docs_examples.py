@@ -74,11 +74,11 @@ def test_the_bundled_sample_path_trick_builds_a_datastore(tmp_path):
         assert SAMPLE in (ROOT / "docs" / "drafter.md").read_text(encoding="utf-8")
     line = f"{sys.executable} -m sssd.cli build-datastore {SAMPLE} -o sample.sssd -q"
     line = line.replace("$(python ", f"$({sys.executable} ")
-    env_path = ":".join([str(ROOT / "python"), str(ROOT), *sys.path])
+    from cli_models import subprocess_env
+
     run = subprocess.run(
-        ["bash", "-c", f"PYTHONPATH={shlex.quote(env_path)} {line}"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        ["bash", "-c", line], cwd=tmp_path, env=subprocess_env(), capture_output=True, text=True, timeout=300
+    )
     assert run.returncode == 0, run.stderr
     from sssd import Datastore
     from sssd.data import sample_tokenizer_fingerprint

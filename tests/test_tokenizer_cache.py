@@ -6,7 +6,6 @@ default tokenizer without a converted model converts only the tokenizer."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -66,7 +65,9 @@ def test_a_build_from_the_cache_imports_neither_transformers_nor_torch(tok_dir, 
         "import sys; from datastore_tools.cli import main; rc = main(sys.argv[1:]); "
         "print('transformers' in sys.modules, 'torch' in sys.modules); sys.exit(rc)"
     )
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "python"), str(ROOT), *sys.path]))
+    from cli_models import subprocess_env
+
+    env = subprocess_env()
     outs = []
     for name in ("first.sssd", "second.sssd"):
         argv = [str(corpus), "-o", str(tmp_path / name), "--tokenizer", str(tok_dir), "-q"]
