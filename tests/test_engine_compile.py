@@ -357,3 +357,37 @@ def test_gpu_compiled_verification_is_lossless(mode):
     assert engine.adapter.static is not None
     assert engine.adapter.static.mode == ("cudagraph" if mode == "auto" else "inductor")
     assert out == [w[:n] for w, n in zip(want, lengths, strict=True)]
+
+
+# -- the benchmarks' CPU modes ---------------------------------------------------------------------------
+
+
+def _run_script(args: list[str], tmp_path) -> dict:
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "rows.json"
+    proc = subprocess.run([sys.executable, str(root / "bench" / args[0]), *args[1:], "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(out.read_text())
+
+
+def test_step_ops_benchmark_counts_ops_inside_and_outside_the_forward(tmp_path):
+    rows = _run_script(["bench_step_ops.py", "--layers", "2", "--modes", "eager,static", "--batch", "1",
+                        "--budget", "0,4", "--steps", "2", "--rounds", "1", "--threads", "1"], tmp_path)["rows"]  # fmt: skip
+    by = {(r["mode"], r["budget"]): r for r in rows}
+    assert set(by) == {("eager", 0), ("eager", 4), ("static", 0), ("static", 4)}
+    for r in rows:
+        assert r["ops_inside"] > 50 and r["ops_outside"] > 0 and r["step_ms"] > r["forward_ms"] > 0
+    assert by[("static", 4)]["compiles"] >= 1 and by[("eager", 4)]["compiles"] == 0
+
+
+def test_gpu_table_script_runs_its_cpu_smoke_mode(tmp_path):
+    rows = _run_script(["gpu_step_table.py", "--smoke", "--dtype", "float32", "--batch", "1",
+                        "--rows", "generate,engine-budget0,engine-fixed16"], tmp_path)["rows"]  # fmt: skip
+    assert [r["row"] for r in rows] == ["generate", "engine-budget0", "engine-fixed16"]
+    assert all(r["identical"] == "2/2" and r["tok_s"] > 0 for r in rows)  # float32: exact
