@@ -11,9 +11,9 @@ slows all of them alike) and the median step, forward and outside-the-forward ti
 The drafter proposes random trees of exactly the budget (its tokens are almost never accepted: every step
 has the same shape), so the numbers are those of the forward and the engine's bookkeeping, not of drafting.
 
-    python bench/bench_step_ops.py                       # SmolLM2-135M shape, random weights, CPU: eager,static,inductor
-    python bench/bench_step_ops.py --modes eager,static --layers 4          # a quick look
-    python bench/bench_step_ops.py --device cuda --dtype bfloat16 --modes eager,cudagraph,inductor   # on a GPU
+    python bench/bench_step_ops.py            # SmolLM2-135M shape, random weights, CPU: eager,static,inductor
+    python bench/bench_step_ops.py --modes eager,static --layers 4                      # a quick look
+    python bench/bench_step_ops.py --device cuda --dtype bfloat16 --modes eager,cudagraph,inductor
 """
 
 from __future__ import annotations
@@ -32,12 +32,16 @@ FORWARD = "sssd_verification_forward"
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="random", help="'random' (SmolLM2-135M shape) or 'smollm2' (real weights)")
+    p.add_argument("--model", default="random", help="'random' (SmolLM2-135M shape) or 'smollm2' (real)")
     p.add_argument("--layers", type=int, default=30, help="decoder layers of the random model")
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--modes", default=None, help="compile modes (default: eager,static,inductor on CPU; "
-                   "eager,cudagraph,inductor on CUDA); 'eager' = compile=False")  # fmt: skip
+    p.add_argument(
+        "--modes",
+        default=None,
+        help="compile modes (default: eager,static,inductor on CPU; "
+        "eager,cudagraph,inductor on CUDA); 'eager' = compile=False",
+    )
     p.add_argument("--batch", default="1,8")
     p.add_argument("--budget", default="0,16", help="draft nodes per step for the batch (fixed)")
     p.add_argument("--prompt", type=int, default=128, help="prompt tokens per request")
@@ -62,10 +66,18 @@ def load_model(args):
         sys.exit(f"bench_step_ops: --model must be 'random' or 'smollm2', got {args.model!r}")
     torch.manual_seed(0)
     config = tf.LlamaConfig(
-        vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=args.layers,
-        num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0,
-        tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
-    )  # fmt: skip
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=args.layers,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        max_position_embeddings=8192,
+        rope_theta=100000.0,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     model = tf.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
     return model.to(args.device, dtype).eval()
 
@@ -113,8 +125,13 @@ def count_ops(engine, cuda: bool) -> dict:
         inside += within
         outside += not within
     del torch
-    return dict(ops_inside=inside, ops_outside=outside, compiled_regions=regions, cuda_kernel_launches=kernels,
-                cuda_graph_launches=graphs)  # fmt: skip
+    return dict(
+        ops_inside=inside,
+        ops_outside=outside,
+        compiled_regions=regions,
+        cuda_kernel_launches=kernels,
+        cuda_graph_launches=graphs,
+    )
 
 
 def make_engine(model, mode: str, batch: int, budget: int, prompt: int, seed: int):
@@ -123,8 +140,9 @@ def make_engine(model, mode: str, batch: int, budget: int, prompt: int, seed: in
 
     vocab = int(model.config.vocab_size)
     compile_ = False if mode == "eager" else mode
-    cfg = EngineConfig(budget=budget, budget_mode="fixed", max_batch_size=batch, compile=compile_,
-                       initial_cache_rows=1024)  # fmt: skip
+    cfg = EngineConfig(
+        budget=budget, budget_mode="fixed", max_batch_size=batch, compile=compile_, initial_cache_rows=1024
+    )
     engine = Engine(model, drafter=SyntheticDrafter(vocab, seed), config=cfg)
     rng = np.random.default_rng(seed)
     for _ in range(batch):
@@ -169,8 +187,9 @@ def main() -> int:
     for i, (row, engine) in enumerate(configs):
         step, fwd = statistics.median(times[i]["step"]), statistics.median(times[i]["forward"])
         outside = statistics.median(s - f for s, f in zip(times[i]["step"], times[i]["forward"], strict=True))
-        row.update(step_ms=1e3 * step, forward_ms=1e3 * fwd, outside_ms=1e3 * outside,
-                   compiles=engine.stats.compiles)  # fmt: skip
+        row.update(
+            step_ms=1e3 * step, forward_ms=1e3 * fwd, outside_ms=1e3 * outside, compiles=engine.stats.compiles
+        )
         rows.append(row)
     report(args, rows, cuda)
     if args.out:
@@ -182,8 +201,10 @@ def report(args, rows, cuda: bool) -> None:
     import torch
 
     dev = torch.cuda.get_device_name() if cuda else f"CPU, {torch.get_num_threads()} threads"
-    print(f"\n{args.model} model ({args.layers} layers if random), {args.dtype}, {dev}; prompt {args.prompt}, "
-          f"medians of {args.rounds} x {args.steps} steps per row, configurations interleaved")  # fmt: skip
+    print(
+        f"\n{args.model} model ({args.layers} layers if random), {args.dtype}, {dev}; prompt {args.prompt}, "
+        f"medians of {args.rounds} x {args.steps} steps per row, configurations interleaved"
+    )
     cols = "| batch | budget | mode | aten ops in forward | ops outside | compiled regions |"
     cols += " CUDA kernels | CUDA graphs |" if cuda else ""
     print(cols + " step ms | forward ms | outside ms | vs eager | compile s |")
@@ -192,14 +213,20 @@ def report(args, rows, cuda: bool) -> None:
     for r in rows:
         speed = base.get((r["batch"], r["budget"]))
         ratio = f"{speed / r['step_ms']:.2f}x" if speed else ""
-        line = (f"| {r['batch']} | {r['budget']} | {r['mode']} | {r['ops_inside']} | {r['ops_outside']} | "
-                f"{r['compiled_regions']} |")  # fmt: skip
+        line = (
+            f"| {r['batch']} | {r['budget']} | {r['mode']} | {r['ops_inside']} | {r['ops_outside']} | "
+            f"{r['compiled_regions']} |"
+        )
         if cuda:
             line += f" {r['cuda_kernel_launches']} | {r['cuda_graph_launches']} |"
-        print(f"{line} {r['step_ms']:.2f} | {r['forward_ms']:.2f} | {r['outside_ms']:.2f} | {ratio} | "
-              f"{r['compile_s']:.1f} |")  # fmt: skip
-    print("vs eager: eager step time / this step time (same batch and budget); outside = draft + head + "
-          "verification + commit + bookkeeping")
+        print(
+            f"{line} {r['step_ms']:.2f} | {r['forward_ms']:.2f} | {r['outside_ms']:.2f} | {ratio} | "
+            f"{r['compile_s']:.1f} |"
+        )
+    print(
+        "vs eager: eager step time / this step time (same batch and budget); outside = draft + head + "
+        "verification + commit + bookkeeping"
+    )
 
 
 if __name__ == "__main__":

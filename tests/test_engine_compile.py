@@ -207,8 +207,11 @@ def test_compiled_greedy_equals_hf_generate_with_joins_and_leaves(family):
 @pytest.mark.parametrize("shape", ["random", "chain", "fan"])
 def test_compiled_adversarial_trees_equal_plain(shape):
     prompts = make_prompts(4, seed=8)
-    engine = Engine(tiny_model("qwen2"), drafter=RandomTreeDrafter(VOCAB, shape, seed=2),
-                    config=EngineConfig(budget=40, max_batch_size=4, compile=TRACE))  # fmt: skip
+    engine = Engine(
+        tiny_model("qwen2"),
+        drafter=RandomTreeDrafter(VOCAB, shape, seed=2),
+        config=EngineConfig(budget=40, max_batch_size=4, compile=TRACE),
+    )
     out = [r.tokens for r in engine.generate(prompts, max_new_tokens=24, eos_token_ids=())]
     assert out == [reference("qwen2", p) for p in prompts]
 
@@ -236,8 +239,11 @@ def test_compiled_seeded_sampling_equals_plain_sampling(shape):
     params = dict(max_new_tokens=20, eos_token_ids=(), seed=3, temperature=0.8, top_k=20)
     plain = Engine(tiny_model("qwen2"), config=EngineConfig(budget=0))
     want = [r.tokens for r in plain.generate(prompts, **params)]
-    spec = Engine(tiny_model("qwen2"), drafter=RandomTreeDrafter(VOCAB, shape, seed=1),
-                  config=EngineConfig(budget=24, compile=TRACE))  # fmt: skip
+    spec = Engine(
+        tiny_model("qwen2"),
+        drafter=RandomTreeDrafter(VOCAB, shape, seed=1),
+        config=EngineConfig(budget=24, compile=TRACE),
+    )
     assert [r.tokens for r in spec.generate(prompts, **params)] == want
 
 
@@ -248,8 +254,11 @@ def test_compiled_specinfer_keeps_the_models_distribution():
         logits = model(torch.tensor([prompt])).logits[0, -1]
     p = target_probs(logits[None], SamplingParams(temperature=1.0))[0]
     n = 600
-    engine = Engine(model, drafter=SmallModelLikeDrafter(3),
-                    config=EngineConfig(budget=3, max_batch_size=64, compile=TRACE))  # fmt: skip
+    engine = Engine(
+        model,
+        drafter=SmallModelLikeDrafter(3),
+        config=EngineConfig(budget=3, max_batch_size=64, compile=TRACE),
+    )
     res = engine.generate([prompt] * n, max_new_tokens=1, temperature=1.0, seed=0, eos_token_ids=())
     assert engine.adapter.static is not None
     assert_matches(Counter(r.tokens[0] for r in res), dict(enumerate(p)), n)
@@ -309,8 +318,11 @@ def test_a_model_that_cannot_be_captured_falls_back_with_one_warning():
 
     model.model.layers[0].register_forward_pre_hook(untraceable)
     prompts = make_prompts(3, seed=12)
-    engine = Engine(model, drafter=oracle("llama", prompts, seed=1),
-                    config=EngineConfig(budget=8, budget_mode="fixed", compile=TRACE))  # fmt: skip
+    engine = Engine(
+        model,
+        drafter=oracle("llama", prompts, seed=1),
+        config=EngineConfig(budget=8, budget_mode="fixed", compile=TRACE),
+    )
     with pytest.warns(UserWarning, match="could not compile the verification forward.*eagerly") as record:
         out = [r.tokens for r in engine.generate(prompts, max_new_tokens=20, eos_token_ids=())]
     assert len([w for w in record if "could not compile" in str(w.message)]) == 1
@@ -351,8 +363,11 @@ def test_gpu_compiled_verification_is_lossless(mode):
     lengths = [24, 9, 24, 15, 20]
     plain = Engine(model, config=EngineConfig(budget=0, compile=False))
     want = [r.tokens for r in plain.generate(prompts, max_new_tokens=24, eos_token_ids=())]
-    engine = Engine(model, drafter=oracle("qwen2", prompts, seed=5),
-                    config=EngineConfig(budget=16, max_batch_size=3, compile=mode))  # fmt: skip
+    engine = Engine(
+        model,
+        drafter=oracle("qwen2", prompts, seed=5),
+        config=EngineConfig(budget=16, max_batch_size=3, compile=mode),
+    )
     out, _ = join_and_leave(engine, prompts, lengths)
     assert engine.adapter.static is not None
     assert engine.adapter.static.mode == ("cudagraph" if mode == "auto" else "inductor")
@@ -370,15 +385,37 @@ def _run_script(args: list[str], tmp_path) -> dict:
 
     root = Path(__file__).resolve().parents[1]
     out = tmp_path / "rows.json"
-    proc = subprocess.run([sys.executable, str(root / "bench" / args[0]), *args[1:], "--out", str(out)],
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(root / "bench" / args[0]), *args[1:], "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(out.read_text())
 
 
 def test_step_ops_benchmark_counts_ops_inside_and_outside_the_forward(tmp_path):
-    rows = _run_script(["bench_step_ops.py", "--layers", "2", "--modes", "eager,static", "--batch", "1",
-                        "--budget", "0,4", "--steps", "2", "--rounds", "1", "--threads", "1"], tmp_path)["rows"]  # fmt: skip
+    rows = _run_script(
+        [
+            "bench_step_ops.py",
+            "--layers",
+            "2",
+            "--modes",
+            "eager,static",
+            "--batch",
+            "1",
+            "--budget",
+            "0,4",
+            "--steps",
+            "2",
+            "--rounds",
+            "1",
+            "--threads",
+            "1",
+        ],
+        tmp_path,
+    )["rows"]
     by = {(r["mode"], r["budget"]): r for r in rows}
     assert set(by) == {("eager", 0), ("eager", 4), ("static", 0), ("static", 4)}
     for r in rows:
@@ -387,7 +424,18 @@ def test_step_ops_benchmark_counts_ops_inside_and_outside_the_forward(tmp_path):
 
 
 def test_gpu_table_script_runs_its_cpu_smoke_mode(tmp_path):
-    rows = _run_script(["gpu_step_table.py", "--smoke", "--dtype", "float32", "--batch", "1",
-                        "--rows", "generate,engine-budget0,engine-fixed16"], tmp_path)["rows"]  # fmt: skip
+    rows = _run_script(
+        [
+            "gpu_step_table.py",
+            "--smoke",
+            "--dtype",
+            "float32",
+            "--batch",
+            "1",
+            "--rows",
+            "generate,engine-budget0,engine-fixed16",
+        ],
+        tmp_path,
+    )["rows"]
     assert [r["row"] for r in rows] == ["generate", "engine-budget0", "engine-fixed16"]
     assert all(r["identical"] == "2/2" and r["tok_s"] > 0 for r in rows)  # float32: exact
