@@ -81,11 +81,14 @@ def test_resolve_compile_modes_and_errors():
 
 
 def test_buckets_are_powers_of_two_covering_the_step():
-    assert bucket_for(3, 5, 256, 8) == Bucket(slots=4, nodes=8, rows=256, cache_slots=8)
-    assert bucket_for(1, 1, 512, 1) == Bucket(slots=1, nodes=1, rows=512, cache_slots=1)
-    assert bucket_for(8, 17, 256, 8) == Bucket(slots=8, nodes=32, rows=256, cache_slots=8)
-    with pytest.raises(ValueError, match="cache slots"):
-        bucket_for(5, 1, 256, 4)
+    assert bucket_for(3, 5, 40, 256, 8) == Bucket(slots=4, nodes=8, rows=128, capacity=256, cache_slots=8)
+    assert bucket_for(1, 1, 129, 512, 1) == Bucket(1, 1, 256, 512, 1)
+    assert bucket_for(8, 17, 300, 512, 8) == Bucket(8, 32, 512, 512, 8)
+    assert bucket_for(1, 1, 60, 64, 1) == Bucket(1, 1, 64, 64, 1)  # never past the capacity
+    with pytest.raises(ValueError, match="do not fit"):
+        bucket_for(5, 1, 10, 256, 4)
+    with pytest.raises(ValueError, match="do not fit"):
+        bucket_for(1, 1, 257, 256, 4)
 
 
 def test_ancestor_matrix_matches_parent_walks():
@@ -120,9 +123,9 @@ def test_static_forward_scores_trees_like_the_eager_forward(family):
     static = StaticStep(adapter, "static")
     starts = np.cumsum([0] + [len(t.tokens) for t in trees])
     cache = adapter.cache
-    for slots, nodes in ((4, 16), (8, 32)):
+    for slots, nodes, rows in ((4, 16, 128), (8, 32, 256)):
         cache.reserve_slots(slots)
-        bucket = Bucket(slots, nodes, cache.capacity, cache.slots)
+        bucket = Bucket(slots, nodes, rows, cache.capacity, cache.slots)
         rows = static.run(trees, committed, bucket)
         with torch.inference_mode():
             logits = adapter._head(rows) if adapter.lazy_head else rows
@@ -345,7 +348,8 @@ def test_compile_error_is_raised_for_the_first_call_only(monkeypatch):
     adapter2.prefill(adapter2.cache.add(), np.array([4, 5, 6]))
     with pytest.raises(CompileError, match="boom"):
         cache = adapter2.cache
-        adapter2.static.run(tree, cache.lengths.copy(), bucket_for(1, 3, cache.capacity, cache.slots))
+        bucket = bucket_for(1, 3, 6, cache.capacity, cache.slots)
+        adapter2.static.run(tree, cache.lengths.copy(), bucket)
 
 
 # -- on a GPU ------------------------------------------------------------------------------------------

@@ -345,7 +345,7 @@ class ModelAdapter:
         sizes = np.array([len(t.tokens) for t in trees], dtype=np.int64)
         committed = cache.lengths[slot_start : slot_start + b]
         n_max = int(sizes.max())
-        rows = int((committed + sizes).max())
+        rows = int(committed.max()) + pow2_at_least(int(sizes.max()))  # padding nodes write rows too
         cache.reserve(rows)
         dev = self.device
         if b == 1:
@@ -417,12 +417,13 @@ class ModelAdapter:
         cache = self.cache
         committed = cache.lengths[: len(trees)].copy()
         sizes = np.array([len(t.tokens) for t in trees], dtype=np.int64)
-        cache.reserve(int((committed + sizes).max()))
+        rows = int((committed + sizes).max())
+        cache.reserve(rows)
         cache.reserve_slots(pow2_at_least(len(trees)))
-        bucket = bucket_for(len(trees), int(sizes.max()), cache.capacity, cache.slots)
-        rows = self.static.run(trees, committed, bucket)
+        bucket = bucket_for(len(trees), int(sizes.max()), rows, cache.capacity, cache.slots)
+        out = self.static.run(trees, committed, bucket)
         row_of = np.concatenate([b * bucket.nodes + np.arange(n) for b, n in enumerate(sizes)])
-        return StepOutput(rows, self._head if self.lazy_head else None, row_of)
+        return StepOutput(out, self._head if self.lazy_head else None, row_of)
 
     def synchronize(self) -> None:
         """Wait for the device's queued work (CUDA); a no-op on the CPU."""

@@ -3,9 +3,8 @@
 The eager forward (``ModelAdapter.forward_trees``) packs exactly the step's nodes and builds its masks on
 the host, so every step has new shapes and the model's ~40 ops per layer are launched one by one from
 Python. Here each step is padded to a *bucket* — ``slots`` trees (a power of two >= the active requests) of
-``nodes`` nodes each (a power of two >= the largest tree), reading all ``rows`` rows of the KV cache (its
-capacity, which grows by doubling; the engine preallocates the slots of its largest batch so that the
-cache's shape, which the graph is specialised to, changes only when the capacity grows) — and every
+``nodes`` nodes each (a power of two >= the largest tree), reading the first ``rows`` rows of every cache
+slot (a power of two >= the longest committed context + ``nodes``, at least ``MIN_ROWS``) — and every
 per-step input lives in tensors that are updated in place:
 
 - ``input_ids``, ``position_ids`` ``[1, slots * nodes]``: tree ``b``'s node ``t`` at ``b * nodes + t``
@@ -19,7 +18,12 @@ rows each node's K/V is written to (``committed + t``, in the slot's scratch tai
 each of the ``rows`` keys (every committed row, plus the tree rows of the node's ancestors). Padding nodes
 write only scratch rows past their slot's committed length (or rows of unused slots) and verification
 never reads them, so they change nothing. Lengths are read from a tensor, so one graph serves every context
-length the cache holds.
+length up to ``rows``. The graph also depends on the cache's shape (its slots and capacity: the engine
+preallocates the slots of its largest batch, and the capacity grows by doubling), which is part of the
+bucket.
+
+Each layer's K/V cache reaches the graph as a view of its own (``keys[layer, :, :, :rows]``): written in
+place through a view of one whole-cache tensor, the compiled graph would copy the whole cache per layer.
 
 How a bucket's function runs (``StaticStep(mode=...)``):
 
@@ -48,6 +52,7 @@ import torch.nn.functional as F
 from sssd.engine.attention import _SDPA_GQA
 
 MODES = ("static", "inductor", "cudagraph")
+MIN_ROWS = 128  # the smallest rows bucket: short contexts share a graph
 
 
 class CompileError(RuntimeError):
@@ -83,21 +88,27 @@ def pow2_at_least(x: int) -> int:
 class Bucket:
     slots: int  # trees per forward (active requests, padded)
     nodes: int  # nodes per tree (padded)
-    rows: int  # cache rows each tree reads: the cache's capacity (which grows by doubling)
-    cache_slots: int  # slots the cache holds (its tensors' shape is part of the graph)
+    rows: int  # cache rows each tree reads (its committed rows and its nodes, padded)
+    capacity: int  # the cache's rows per slot and
+    cache_slots: int  # its slots: the layout of the K/V views the graph writes through
 
     @property
     def tokens(self) -> int:
         return self.slots * self.nodes
 
 
-def bucket_for(num_trees: int, max_nodes: int, capacity: int, cache_slots: int) -> Bucket:
+def bucket_for(num_trees: int, max_nodes: int, max_rows: int, capacity: int, cache_slots: int) -> Bucket:
     """The bucket of a step with ``num_trees`` trees of at most ``max_nodes`` nodes over a cache of
-    ``cache_slots`` slots x ``capacity`` rows (which must hold every tree after its committed rows)."""
+    ``cache_slots`` slots x ``capacity`` rows; ``max_rows`` = the longest committed context + the padded
+    tree size (the rows a padded forward writes)."""
     slots = pow2_at_least(num_trees)
-    if slots > cache_slots:
-        raise ValueError(f"{num_trees} trees need {slots} cache slots, the cache has {cache_slots}")
-    return Bucket(slots, pow2_at_least(max_nodes), int(capacity), int(cache_slots))
+    if slots > cache_slots or max_rows > capacity:
+        raise ValueError(
+            f"{num_trees} trees reading {max_rows} rows do not fit a cache of {cache_slots} slots x "
+            f"{capacity} rows"
+        )
+    rows = min(max(pow2_at_least(max_rows), MIN_ROWS), capacity)
+    return Bucket(slots, pow2_at_least(max_nodes), rows, int(capacity), int(cache_slots))
 
 
 class StaticArgs:
@@ -106,7 +117,7 @@ class StaticArgs:
     __slots__ = ("keys", "nodes", "rows", "slots", "values", "visible", "write_rows", "write_slots")
 
     def __init__(self, keys, values, visible, write_slots, write_rows, slots: int, nodes: int, rows: int):
-        self.keys, self.values = keys, values  # [layers, cache slots, Hkv, capacity, D]
+        self.keys, self.values = keys, values  # per layer: [cache slots, Hkv, rows, D] views of the cache
         self.visible = visible  # bool [slots, nodes, rows]
         self.write_slots, self.write_rows = write_slots, write_rows  # int64 [slots * nodes]
         self.slots, self.nodes, self.rows = slots, nodes, rows
@@ -117,11 +128,11 @@ def static_attention(module: Any, query, key, value, args: StaticArgs, scale: fl
     first ``rows`` rows of every slot. query ``[1, H, S*n, D]``, key/value ``[1, Hkv, S*n, D]``; returns
     ``[1, S*n, H, D]``."""
     layer = module.layer_idx
-    keys, values = args.keys[layer], args.values[layer]  # [cache slots, Hkv, capacity, D]
+    keys, values = args.keys[layer], args.values[layer]  # [cache slots, Hkv, rows, D]
     keys[args.write_slots, :, args.write_rows] = key[0].transpose(0, 1)
     values[args.write_slots, :, args.write_rows] = value[0].transpose(0, 1)
-    s, n, r = args.slots, args.nodes, args.rows
-    k, v = keys[:s, :, :r], values[:s, :, :r]
+    s, n = args.slots, args.nodes
+    k, v = keys[:s], values[:s]
     h, d = query.shape[1], query.shape[3]
     q = query[0].reshape(h, s, n, d).transpose(0, 1)  # [S, H, n, D]
     mask = args.visible.unsqueeze(1)
@@ -217,7 +228,7 @@ class StaticStep:
         its compilation."""
         adapter = self.adapter
         cache = adapter.cache
-        if (cache.capacity, cache.slots) != (bucket.rows, bucket.cache_slots):
+        if (cache.capacity, cache.slots) != (bucket.capacity, bucket.cache_slots):
             raise ValueError(f"{bucket} does not match the cache ({cache.slots} x {cache.capacity} rows)")
         bufs = self._fill(bucket, trees, committed)
         head = adapter._head if adapter.lazy_head else None
@@ -245,11 +256,16 @@ class StaticStep:
         return self._call(bucket, args)
 
     def _call(self, bucket: Bucket, args: tuple) -> torch.Tensor:
-        cache = self.adapter.cache
         if self.mode == "cudagraph":
             return self._replay(bucket, args)
         with torch.inference_mode(), self.adapter._engine_mode():
-            return self._function(bucket)(*args, cache.keys, cache.values)
+            return self._function(bucket)(*args, *self._cache_views(bucket))
+
+    def _cache_views(self, bucket: Bucket) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Per layer, the first ``rows`` rows of every slot: ``[cache slots, Hkv, rows, D]`` views."""
+        cache, r = self.adapter.cache, bucket.rows
+        layers = range(cache.keys.shape[0])
+        return [cache.keys[i, :, :, :r] for i in layers], [cache.values[i, :, :, :r] for i in layers]
 
     def _captured(self, bucket: Bucket) -> bool:
         entry = self._graphs.get(bucket)
@@ -269,12 +285,13 @@ class StaticStep:
         with torch.inference_mode(), self.adapter._engine_mode():
             stream = torch.cuda.Stream(self.device)
             stream.wait_stream(torch.cuda.current_stream(self.device))
+            views = self._cache_views(bucket)
             with torch.cuda.stream(stream):
-                fn(*args, cache.keys, cache.values)  # warm-up: lazy initialisations happen outside capture
+                fn(*args, *views)  # warm-up: lazy initialisations happen outside the capture
             torch.cuda.current_stream(self.device).wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._pool()):
-                out = fn(*args, cache.keys, cache.values)
+                out = fn(*args, *views)
         self._graphs[bucket] = (graph, out, cache.keys, cache.values)
         graph.replay()
         return out
@@ -294,7 +311,9 @@ def _bucket_function(mode: str, device_type: str, bucket: Bucket):
     """A copy of ``_static_forward`` with a code object of its own, so its own compiled graph and
     guards (dynamo keeps compiled graphs per code object, up to a recompile limit), compiled for ``mode``."""
     b = bucket
-    name = f"sssd_verify_{mode.replace(':', '_')}_s{b.slots}_n{b.nodes}_r{b.rows}_c{b.cache_slots}"
+    name = (
+        f"sssd_verify_{mode.replace(':', '_')}_s{b.slots}_n{b.nodes}_r{b.rows}_{b.cache_slots}x{b.capacity}"
+    )
     code = _static_forward.__code__.replace(co_name=name)
     fn = types.FunctionType(code, _static_forward.__globals__, name)
     if mode == "inductor":
