@@ -60,7 +60,8 @@ def random_tree(n: int, rng, root: int) -> Tree:
 # -- configuration ------------------------------------------------------------------------------------
 
 
-def test_resolve_compile_modes_and_errors():
+def test_resolve_compile_modes_and_errors(monkeypatch):
+    monkeypatch.delenv("SSSD_COMPILE", raising=False)
     cuda = torch.device("cuda")
     assert resolve_compile(False, CPU, "sdpa", False) is None
     assert resolve_compile("auto", CPU, "sdpa", False) is None  # compiling does not pay on the CPU
@@ -78,6 +79,14 @@ def test_resolve_compile_modes_and_errors():
     with pytest.raises(ValueError, match="compile must be"):
         Engine(tiny_model("llama"), config=EngineConfig(compile="fast"))
     assert Engine(tiny_model("llama")).adapter.static is None  # "auto" on the CPU: eager
+    monkeypatch.setenv("SSSD_COMPILE", "1")  # the environment decides for "auto" (as SSSD_ATTENTION does)
+    assert resolve_compile("auto", CPU, "sdpa", False) == "inductor"
+    assert resolve_compile(False, CPU, "sdpa", False) is None
+    monkeypatch.setenv("SSSD_COMPILE", "backend:eager")
+    assert Engine(tiny_model("llama")).adapter.static.mode == "backend:eager"
+    monkeypatch.setenv("SSSD_COMPILE", "nonsense")
+    with pytest.raises(ValueError, match="compile must be"):
+        resolve_compile("auto", CPU, "sdpa", False)
 
 
 def test_buckets_are_powers_of_two_covering_the_step():

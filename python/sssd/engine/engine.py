@@ -68,7 +68,8 @@ class EngineConfig:
     # "auto" = CUDA graphs on CUDA, eager on the CPU (compiling does not pay there); True = torch.compile
     # (inductor; CUDA graphs too on CUDA); False = the eager forward; or a mode: "static" (static shapes,
     # eager), "inductor", "cudagraph", "backend:NAME" (a torch.compile backend). A model that cannot be
-    # captured runs eagerly, with one warning naming the cause.
+    # captured runs eagerly, with one warning naming the cause. With "auto", the environment variable
+    # SSSD_COMPILE (0, 1 or a mode) decides instead.
     compile: bool | str = "auto"
     history_size: int = 1024  # StepTimings kept in EngineStats.history (the most recent steps)
 

@@ -40,6 +40,7 @@ guards are checked against its bucket only and a process compiles each bucket on
 
 from __future__ import annotations
 
+import os
 import time
 import types
 from dataclasses import dataclass
@@ -62,7 +63,11 @@ class CompileError(RuntimeError):
 def resolve_compile(compile: bool | str, device: torch.device, attention: str, explicit_attention: bool):
     """The mode of ``EngineConfig.compile`` on ``device``: None (the eager forward) or one of ``MODES`` /
     ``"backend:NAME"``. ``"auto"``: CUDA graphs on CUDA (unless the CUDA tree kernel was asked for by
-    name: it runs eagerly), eager on the CPU, where compiling does not pay; ``True``: torch.compile."""
+    name: it runs eagerly), eager on the CPU, where compiling does not pay; ``True``: torch.compile.
+    With ``"auto"``, the environment variable ``SSSD_COMPILE`` (``0``/``1`` or a mode) decides instead."""
+    if compile == "auto" and os.environ.get("SSSD_COMPILE", "auto") != "auto":
+        env = os.environ["SSSD_COMPILE"]
+        compile = {"0": False, "false": False, "1": True, "true": True}.get(env.lower(), env)
     if compile is False or compile is None:
         return None
     if compile is True:
