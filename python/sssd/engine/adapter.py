@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +40,15 @@ import torch
 
 from sssd.engine.attention import ancestor_mask, is_chain, tree_attention
 from sssd.engine.kv_cache import CacheShape, KVCache, StepWrites
+from sssd.engine.static_step import (
+    CompileError,
+    StaticArgs,
+    StaticStep,
+    bucket_for,
+    pow2_at_least,
+    resolve_compile,
+    static_attention,
+)
 
 ATTENTION_NAME = "sssd_tree"
 ATTENTION_BACKENDS = ("auto", "sdpa", "packed", "emulated")
@@ -68,7 +78,10 @@ class StepContext:
 def sssd_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """The registered attention function: ``query`` ``[1, H, N, D]``, ``key``/``value`` ``[1, Hkv, N, D]``
     (already rotated by the model). Returns ``([1, N, H, D], None)``."""
-    ctx: StepContext | None = kwargs.get("sssd_step")
+    ctx: StepContext | StaticArgs | None = kwargs.get("sssd_step")
+    if isinstance(ctx, StaticArgs):  # a static-shape forward (sssd.engine.static_step)
+        scale = module.scaling if scaling is None else scaling
+        return static_attention(module, query, key, value, ctx, scale), None
     if ctx is None:
         raise RuntimeError(
             f"the '{ATTENTION_NAME}' attention only runs inside an sssd Engine forward; "
@@ -116,14 +129,17 @@ class StepOutput:
     """What one forward produced: either hidden states ``[N, hidden]`` plus the output head (logits are
     computed only for the rows asked for), or the full logits ``[N, vocab]``."""
 
-    def __init__(self, rows: torch.Tensor, head: Any = None):
+    def __init__(self, rows: torch.Tensor, head: Any = None, row_of: np.ndarray | None = None):
         self.rows, self.head = rows, head
+        self.row_of = row_of  # int64 [N]: row of each packed node (a padded static forward), None = same
 
     def __len__(self) -> int:
-        return int(self.rows.shape[0])
+        return int(self.rows.shape[0]) if self.row_of is None else len(self.row_of)
 
     def logits(self, index: Any = None) -> torch.Tensor:
         """Logits ``[k, vocab]`` of the packed rows ``index`` (all rows when None)."""
+        if self.row_of is not None:
+            index = self.row_of if index is None else self.row_of[np.asarray(index, dtype=np.int64)]
         x = self.rows if index is None else self.rows[torch.as_tensor(index, device=self.rows.device)]
         if self.head is None:
             return x
@@ -171,7 +187,13 @@ class ModelAdapter:
     """
 
     def __init__(
-        self, model: Any, *, prefill_chunk: int = 512, initial_capacity: int = 256, attention: str = "auto"
+        self,
+        model: Any,
+        *,
+        prefill_chunk: int = 512,
+        initial_capacity: int = 256,
+        attention: str = "auto",
+        compile: bool | str = False,
     ):
         cls = type(model).__name__
         if attention not in ATTENTION_BACKENDS:
@@ -216,6 +238,8 @@ class ModelAdapter:
         self.device = param.device
         self.cache = KVCache(shape, capacity=initial_capacity, max_capacity=self.max_positions + 1)
         self.attention = self._resolve_attention(attention, shape)
+        mode = resolve_compile(compile, shape.device, self.attention, explicit_attention=attention != "auto")
+        self.static = StaticStep(self, mode) if mode is not None else None
         self._probe()
 
     @staticmethod
@@ -321,7 +345,7 @@ class ModelAdapter:
         sizes = np.array([len(t.tokens) for t in trees], dtype=np.int64)
         committed = cache.lengths[slot_start : slot_start + b]
         n_max = int(sizes.max())
-        rows = int((committed + sizes).max())
+        rows = int(committed.max()) + pow2_at_least(int(sizes.max()))  # padding nodes write rows too
         cache.reserve(rows)
         dev = self.device
         if b == 1:
@@ -375,12 +399,31 @@ class ModelAdapter:
         the logits of any packed node rows (tree 0's nodes first)."""
         if len(trees) != self.cache.num_active:
             raise ValueError(f"{len(trees)} trees for {self.cache.num_active} active slots")
+        if self.static is not None:
+            try:
+                return self._forward_static(trees)
+            except CompileError as e:  # this model or backend cannot be captured: eager from now on
+                warnings.warn(f"{e}; the verification forward runs eagerly", stacklevel=3)
+                self.static = None
         ctx = self._context(0, trees)
         ids = np.concatenate([t.tokens for t in trees])
         pos = np.concatenate([c + t.depth for c, t in zip(self.cache.lengths, trees, strict=True)])
         if self.lazy_head:
             return StepOutput(self._run(ids, pos, ctx, "hidden"), self._head)
         return StepOutput(self._run(ids, pos, ctx, "logits"), None)
+
+    def _forward_static(self, trees: list[Tree]) -> StepOutput:
+        """``forward_trees`` at the static shapes of the step's bucket (``sssd.engine.static_step``)."""
+        cache = self.cache
+        committed = cache.lengths[: len(trees)].copy()
+        sizes = np.array([len(t.tokens) for t in trees], dtype=np.int64)
+        rows = int((committed + sizes).max())
+        cache.reserve(rows)
+        cache.reserve_slots(pow2_at_least(len(trees)))
+        bucket = bucket_for(len(trees), int(sizes.max()), rows, cache.capacity, cache.slots)
+        out = self.static.run(trees, committed, bucket)
+        row_of = np.concatenate([b * bucket.nodes + np.arange(n) for b, n in enumerate(sizes)])
+        return StepOutput(out, self._head if self.lazy_head else None, row_of)
 
     def synchronize(self) -> None:
         """Wait for the device's queued work (CUDA); a no-op on the CPU."""

@@ -39,6 +39,7 @@ from sssd.engine.adapter import ATTENTION_BACKENDS, ModelAdapter
 from sssd.engine.recovery import DrafterGuard, repair_batch
 from sssd.engine.requests import GenerationResult, Request, StreamEvent, as_prompt_ids
 from sssd.engine.sampling import SamplingParams, as_params, eos_defaults
+from sssd.engine.static_step import pow2_at_least
 from sssd.engine.trees import split_batch
 from sssd.engine.verify import verify_step
 from sssd.policy.interface import AdmitView, FixedBudget, StepTiming, StepView
@@ -63,6 +64,13 @@ class EngineConfig:
     # torch SDPA), "sdpa", "packed" (kernel, or its float64 reference where it cannot run) or "emulated"
     # (the kernel's host emulation; tests). See sssd.engine.adapter.
     attention: str = "auto"
+    # the verification forward at static shapes, one graph per shape bucket (sssd.engine.static_step):
+    # "auto" = CUDA graphs on CUDA, eager on the CPU (compiling does not pay there); True = torch.compile
+    # (inductor; CUDA graphs too on CUDA); False = the eager forward; or a mode: "static" (static shapes,
+    # eager), "inductor", "cudagraph", "backend:NAME" (a torch.compile backend). A model that cannot be
+    # captured runs eagerly, with one warning naming the cause. With "auto", the environment variable
+    # SSSD_COMPILE (0, 1 or a mode) decides instead.
+    compile: bool | str = "auto"
     history_size: int = 1024  # StepTimings kept in EngineStats.history (the most recent steps)
 
     def __post_init__(self) -> None:
@@ -79,6 +87,8 @@ class EngineConfig:
             raise ValueError(
                 f"EngineConfig.attention must be one of {ATTENTION_BACKENDS}, got {self.attention!r}"
             )
+        if not isinstance(self.compile, (bool, str)):
+            raise ValueError(f"EngineConfig.compile must be True, False or a mode, got {self.compile!r}")
         if self.policy is not None and not (hasattr(self.policy, "plan") and hasattr(self.policy, "observe")):
             raise TypeError("EngineConfig.policy must have plan(view) and observe(timing) methods")
 
@@ -97,6 +107,8 @@ class EngineStats:
     drafter_errors: int = 0  # exceptions raised by the drafter (its requests drafted nothing meanwhile)
     request_errors: int = 0  # requests finished with finish_reason="error" (their own input failed)
     recovered: int = 0  # requests whose KV cache rows were rebuilt after a step was interrupted
+    compiles: int = 0  # shape buckets of the verification forward compiled or captured (EngineConfig.compile)
+    compile_time: float = 0.0  # seconds they took (not counted in the step and forward times)
     # the most recent steps (EngineConfig.history_size of them); the totals above cover every step
     history: deque[StepTiming] = field(default_factory=lambda: deque(maxlen=1024), repr=False)
 
@@ -113,7 +125,10 @@ class Engine:
             prefill_chunk=self.config.prefill_chunk,
             initial_capacity=self.config.initial_cache_rows,
             attention=self.config.attention,
+            compile=self.config.compile,
         )
+        if self.adapter.static is not None:  # the static forward's graphs are specialised to the cache shape
+            self.adapter.cache.reserve_slots(pow2_at_least(self.config.max_batch_size))
         self.model, self.tokenizer, self.drafter = model, tokenizer, drafter
         self.vocab_size = self.adapter.vocab_size
         if tokenizer is not None and hasattr(tokenizer, "__len__") and len(tokenizer) > self.vocab_size:
@@ -266,6 +281,9 @@ class Engine:
         context_tokens = int(self.adapter.cache.lengths.sum())
         output = self.adapter.forward_trees([t for t, _ in trees])
         self.adapter.synchronize()  # GPU: the forward's time, not its launch time (verify waits anyway)
+        compiling = self._compile_time()
+        t0 += compiling  # a bucket compiled in this step: its seconds are reported apart from the step's
+        t1 += compiling
         t2 = time.perf_counter()
         # draft distributions index the whole batch: usable when every request drafted (else plain
         # acceptance, lossless for any draft)
@@ -313,6 +331,14 @@ class Engine:
         s.history.append(timing)
         self.policy.observe(timing)
         return self._hand_out(finished + stepped, events)
+
+    def _compile_time(self) -> float:
+        """Seconds the last forward spent compiling a shape bucket (added to ``EngineStats``)."""
+        static = self.adapter.static
+        if static is None or not static.last_compile_time:
+            return 0.0
+        self.stats.compiles, self.stats.compile_time = static.compiles, static.compile_time
+        return static.last_compile_time
 
     def _draft(self, reqs: list[Request], plan: int | list[int]) -> tuple[list, Any, list[int]]:
         """The step's trees (one per request, roots only where nothing is drafted), the drafter's batch
