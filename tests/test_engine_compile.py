@@ -452,3 +452,23 @@ def test_gpu_table_script_runs_its_cpu_smoke_mode(tmp_path):
     )["rows"]
     assert [r["row"] for r in rows] == ["generate", "engine-budget0", "engine-fixed16"]
     assert all(r["identical"] == "2/2" and r["tok_s"] > 0 for r in rows)  # float32: exact
+
+
+def test_cache_views_are_reused_until_the_cache_is_reallocated():
+    """The static forward writes the cache through per-layer views: the same objects every step (CUDA
+    graph trees keep only static inputs mutated in place), new ones once the cache has grown."""
+    adapter = ModelAdapter(tiny_model("llama"), attention="sdpa", compile="static", initial_capacity=16)
+    adapter.prefill(adapter.cache.add(), np.array([4, 5, 6]))
+    tree = [random_tree(3, np.random.default_rng(0), 7)]
+    static = adapter.static
+    adapter.forward_trees(tree)
+    (bucket,) = static._ready
+    first = static._cache_views(bucket)
+    adapter.forward_trees(tree)
+    assert static._cache_views(bucket)[0][0] is first[0][0]
+    assert first[0][1].data_ptr() == adapter.cache.keys[1].data_ptr()  # a view of layer 1's rows
+    adapter.cache.reserve(100)  # grows: the views of the old tensors are dropped
+    adapter.forward_trees(tree)
+    (bucket2,) = static._ready - {bucket}
+    assert bucket2.capacity > bucket.capacity
+    assert static._cache_views(bucket2)[0][0].data_ptr() == adapter.cache.keys[0].data_ptr()

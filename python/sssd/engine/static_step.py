@@ -151,10 +151,10 @@ def static_attention(module: Any, query, key, value, args: StaticArgs, scale: fl
     return out.transpose(1, 2).reshape(1, s * n, h, d)
 
 
-def _static_forward(model, head, input_ids, position_ids, committed, ancestors, row_ids, keys, values):
+def _static_forward(model, hidden, input_ids, position_ids, committed, ancestors, row_ids, keys, values):
     """The bucket's forward; its shapes come from the arguments (``row_ids`` = ``arange(rows)``). Returns
-    hidden states ``[S*n, hidden]`` when ``head`` is given (the engine applies it lazily), else logits
-    ``[S*n, vocab]``."""
+    hidden states ``[S*n, hidden size]`` when ``hidden`` (``model`` is the base model; the engine applies
+    the output head lazily), else logits ``[S*n, vocab]``."""
     s, n, _ = ancestors.shape
     r = row_ids.shape[0]
     dev = committed.device
@@ -166,7 +166,7 @@ def _static_forward(model, head, input_ids, position_ids, committed, ancestors, 
     write_slots = torch.arange(s, device=dev).repeat_interleave(n)
     args = StaticArgs(keys, values, visible, write_slots, write_rows, s, n, r)
     kw = dict(input_ids=input_ids, position_ids=position_ids, use_cache=False, sssd_step=args)
-    if head is not None:
+    if hidden:
         return model(**kw).last_hidden_state[0]
     return model(**kw, logits_to_keep=0).logits[0]
 
@@ -178,6 +178,8 @@ class StaticStep:
 
     def __init__(self, adapter: Any, mode: str):
         self._mempool = None
+        self._views: dict[int, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}  # rows -> cache views
+        self._views_of: tuple | None = None  # the cache tensors they view
         self.adapter = adapter
         self.mode = mode
         self.device = adapter.device
@@ -236,10 +238,9 @@ class StaticStep:
         if (cache.capacity, cache.slots) != (bucket.capacity, bucket.cache_slots):
             raise ValueError(f"{bucket} does not match the cache ({cache.slots} x {cache.capacity} rows)")
         bufs = self._fill(bucket, trees, committed)
-        head = adapter._head if adapter.lazy_head else None
         model = adapter._base if adapter.lazy_head else adapter.model
         names = ("input_ids", "position_ids", "committed", "ancestors", "row_ids")
-        args = (model, head, *(bufs[k] for k in names))
+        args = (model, adapter.lazy_head, *(bufs[k] for k in names))
         self.last_compile_time = 0.0
         ready = self._captured(bucket) if self.mode == "cudagraph" else bucket in self._ready
         if not ready:
@@ -267,10 +268,23 @@ class StaticStep:
             return self._function(bucket)(*args, *self._cache_views(bucket))
 
     def _cache_views(self, bucket: Bucket) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Per layer, the first ``rows`` rows of every slot: ``[cache slots, Hkv, rows, D]`` views."""
+        """Per layer, the first ``rows`` rows of every slot: ``[cache slots, Hkv, rows, D]`` views, the
+        same tensor objects from step to step (CUDA graph trees keep inputs mutated in place only when they
+        are static; a new view each step would be copied in and out)."""
         cache, r = self.adapter.cache, bucket.rows
-        layers = range(cache.keys.shape[0])
-        return [cache.keys[i, :, :, :r] for i in layers], [cache.values[i, :, :, :r] for i in layers]
+        seen = self._views_of
+        if seen is None or seen[0] is not cache.keys or seen[1] is not cache.values:  # reallocated
+            self._views, self._views_of = {}, (cache.keys, cache.values)
+            self._graphs.clear()  # graphs of the old cache would keep it alive, and it is gone
+        views = self._views.get(r)
+        if views is None:
+            layers = range(cache.keys.shape[0])
+            views = ([cache.keys[i, :, :, :r] for i in layers], [cache.values[i, :, :, :r] for i in layers])
+            if self.mode == "inductor" and self.device.type == "cuda":
+                for v in (*views[0], *views[1]):
+                    torch._dynamo.mark_static_address(v)
+            self._views[r] = views
+        return views
 
     def _captured(self, bucket: Bucket) -> bool:
         entry = self._graphs.get(bucket)
@@ -283,6 +297,7 @@ class StaticStep:
         is reallocated (grown) the bucket is captured again."""
         cache = self.adapter.cache
         fn = self._function(bucket)
+        views = self._cache_views(bucket)  # first: drops the graphs of a reallocated cache
         if self._captured(bucket):
             graph, out = self._graphs[bucket][:2]
             graph.replay()
@@ -290,7 +305,6 @@ class StaticStep:
         with torch.inference_mode(), self.adapter._engine_mode():
             stream = torch.cuda.Stream(self.device)
             stream.wait_stream(torch.cuda.current_stream(self.device))
-            views = self._cache_views(bucket)
             with torch.cuda.stream(stream):
                 fn(*args, *views)  # warm-up: lazy initialisations happen outside the capture
             torch.cuda.current_stream(self.device).wait_stream(stream)
