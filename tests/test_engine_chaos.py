@@ -14,7 +14,7 @@ from sssd.engine.engine import Engine, EngineConfig
 from sssd.engine.sampling import SamplingParams
 from test_engine_faults import _Interrupter
 from tiny_models import VOCAB, tiny_model
-from toy_drafters import RandomTreeDrafter
+from toy_drafters import OracleDrafter, RandomTreeDrafter
 
 torch.set_num_threads(1)
 
@@ -52,12 +52,14 @@ def _run(engine, before_step=None, trace=None):
 
 
 def test_seeded_samples_survive_a_failing_output_head(sampled):
-    engine = Engine(
-        tiny_model("llama"), drafter=RandomTreeDrafter(VOCAB, "random", seed=1), config=EngineConfig(budget=8)
-    )
+    """The oracle drafts the sampled continuation, so walks go several levels deep and the head fails
+    after some of a step's draws were made."""
+    truth = {i: p + r for i, (p, r) in enumerate(zip(PROMPTS, sampled, strict=True))}
+    drafter = OracleDrafter(VOCAB, truth, p_wrong=0.2, seed=1)
+    engine = Engine(tiny_model("llama"), drafter=drafter, config=EngineConfig(budget=24))
     faults = FlakyForwards(engine, p=0.15, seed=0)  # prefill, the tree forward and the head
     got = _run(engine)
-    assert faults.raised > 10
+    assert faults.raised > 10 and engine.stats.accepted > 20
     assert got == sampled
 
 
