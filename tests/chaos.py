@@ -58,6 +58,11 @@ def _probs(fill):
     return f
 
 
+def _each_row(q, rng, value):
+    q[np.arange(len(q)), rng.integers(0, q.shape[1], len(q))] = value
+    return q
+
+
 def _own_zero(q, b, rng):
     inner = np.flatnonzero(b.parents >= 0)
     q[inner, b.tokens[inner]] = 0.0
@@ -78,7 +83,10 @@ MALFORMED = {
     "oversized tree": _oversize,
     "draft_probs short": _probs(lambda q, b, rng: q[:-1]),
     "draft_probs narrow": _probs(lambda q, b, rng: q[:, :-3]),
-    "draft_probs NaN": _probs(lambda q, b, rng: np.where(rng.random(q.shape) < 0.01, np.nan, q)),
+    # every row broken: a row that is not would be a valid q that lies (the oracle's tokens are not drawn
+    # from it), which SpecInfer would rightly use and no check can tell
+    "draft_probs NaN": _probs(lambda q, b, rng: _each_row(q, rng, np.nan)),
+    "draft_probs inf": _probs(lambda q, b, rng: _each_row(q, rng, np.inf)),
     "draft_probs negative": _probs(lambda q, b, rng: q - 0.02),
     "draft_probs q=0": _probs(_own_zero),
 }
@@ -232,21 +240,28 @@ def run_chaos(prompts, params, refs, seed: int, rates: ChaosRates, max_steps: in
     rep.drafter_faults, rep.malformed = drafter.raised, drafter.malformed
     rep.forward_faults, rep.unfinished = forwards.raised, int(engine.has_unfinished())
     for rid in range(n):
-        want = refs[rid]
-        rep.sampled += params[rid].temperature > 0
-        a = aborted.get(rid)
-        if a is not None and a.finish_reason == "abort":
-            rep.aborted += 1
-            rep.wrong += sum(x != y for x, y in zip(a.tokens, want, strict=False)) + max(
-                len(a.tokens) - len(want), 0
-            )
-            continue
-        res = results.get(rid) or a
-        if res is None:
-            rep.lost += 1
-            continue
-        rep.wrong += sum(x != y for x, y in zip(res.tokens, want, strict=False)) + abs(
-            len(res.tokens) - len(want)
-        )
-        rep.stream_mismatch += rid in results and streamed.get(rid, []) != res.tokens
+        _check(rep, rid, refs[rid], params[rid], aborted.get(rid), results.get(rid), streamed.get(rid, []))
     return rep
+
+
+def _check(rep: ChaosReport, rid: int, want, params, aborted, result, streamed) -> None:
+    """Count request ``rid``'s damage into ``rep`` (and what went wrong into ``rep.extra``)."""
+    rep.sampled += params.temperature > 0
+    if aborted is not None and aborted.finish_reason == "abort":
+        rep.aborted += 1
+        bad = sum(x != y for x, y in zip(aborted.tokens, want, strict=False))
+        bad += max(len(aborted.tokens) - len(want), 0)  # an aborted output is a prefix of the reference
+        if bad:
+            rep.wrong += bad
+            rep.extra[rid] = ("aborted", aborted.tokens, want)
+        return
+    res = result or aborted
+    if res is None:
+        rep.lost += 1
+        return
+    bad = sum(x != y for x, y in zip(res.tokens, want, strict=False)) + abs(len(res.tokens) - len(want))
+    mismatch = result is not None and streamed != res.tokens
+    rep.wrong += bad
+    rep.stream_mismatch += mismatch
+    if bad or mismatch:
+        rep.extra[rid] = (res.finish_reason, res.tokens, want, streamed)

@@ -35,6 +35,7 @@ per-request state of the drafter and the policy is dropped when a request leaves
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -51,7 +52,7 @@ from sssd.engine.recovery import DrafterGuard, repair_batch
 from sssd.engine.requests import GenerationResult, Request, StreamEvent, as_prompt_ids
 from sssd.engine.runs import RunsMixin
 from sssd.engine.sampling import SamplingParams, as_params, eos_defaults
-from sssd.engine.threads import one_step_at_a_time
+from sssd.engine.threads import in_step, one_step_at_a_time
 from sssd.engine.trees import check_drafts, root_tree
 from sssd.engine.verify import verify_step
 from sssd.policy.interface import AdmitView, FixedBudget, StepTiming, StepView
@@ -167,11 +168,10 @@ class Engine(RunsMixin):
         self._unreported: list[Request] = []  # retired by a step whose events did not reach the caller
         self._next_id = 0
         self._view: StepView | None = None
-        # threads: _lock guards the engine's state (a step holds it throughout); _stepping is held by the
-        # running step only, so holding _lock while _stepping is locked means being inside one's own step
+        # threads (sssd.engine.threads): _lock guards the engine's state, a step holds it throughout
         self._lock = threading.RLock()
-        self._stepping = threading.Lock()
-        self._ids = threading.Lock()
+        self._stepper: int | None = None  # the thread that ran the latest step
+        self._ids = itertools.count()  # next() is atomic: ids from any thread, no lock to leave held
         self._deferred_aborts: deque[int] = deque()  # abort() from inside a step: applied before the next
         self._watch: dict[int, GenerationResult | None] = {}  # generate/stream requests -> abort result
         self._watch_aborted: set[int] = set()  # those of them with an abort result
@@ -199,9 +199,8 @@ class Engine(RunsMixin):
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer")
         eos = self.default_eos if params.eos_token_ids is None else params.eos_token_ids
-        with self._ids:
-            rid = self._next_id
-            self._next_id += 1
+        rid = next(self._ids)
+        self._next_id = max(self._next_id, rid + 1)  # ids handed out so far (a hint for messages)
         req = Request(rid, ids, params, frozenset(eos), budget, self.adapter.max_positions, self.tokenizer)
         self._inbox.append(req)  # never waits for a running step: the next one takes it
         return rid
@@ -434,6 +433,7 @@ class Engine(RunsMixin):
         while len(kept) > self.config.kept_results:
             kept.popitem(last=False)
         self._unreported.clear()
+        self._lock.release()  # the step's (sssd.engine.threads): released last, nothing runs after it
         return events
 
     def _recover(self) -> tuple[list[StreamEvent], list[Request]]:
@@ -485,9 +485,12 @@ class Engine(RunsMixin):
             self._guard.remove(req)
         self._policy.remove_request(req.rid)  # per-request state of the budget policy
         moved = self.adapter.cache.remove(slot)
-        if moved is not None:
-            self._active[slot] = self._active[moved]
-        self._active.pop()
+        # one statement each: an interrupt leaves the batch as it was or as it should be, never with the
+        # moved request in two slots (an interrupt between a copy and a pop once ran a request twice)
+        if moved is None:
+            del self._active[slot]
+        else:
+            self._active[slot:] = [self._active[moved], *self._active[slot + 1 : moved]]
 
     def abort(self, rid: int) -> GenerationResult:
         """Stop a request, queued or running: its slot, cache rows and drafter state are freed at once.
@@ -499,7 +502,7 @@ class Engine(RunsMixin):
         from inside a step (a policy or drafter callback, a ``stream()`` collected mid-step), the abort
         takes effect before the next step and the result is the request's state now."""
         with self._lock:
-            if self._stepping.locked():  # holding _lock while a step runs: it is this thread's own step
+            if in_step(threading.get_ident()):  # called from inside this thread's own step
                 return self._abort_later(rid)
             self._take_inbox()
             return self._abort_now(rid)
@@ -517,8 +520,7 @@ class Engine(RunsMixin):
         res = self._finished.pop(rid, None) or self._results.pop(rid, None)
         if res is not None:
             return res
-        with self._ids:
-            known = 0 <= rid < self._next_id if isinstance(rid, int) else False
+        known = isinstance(rid, int) and 0 <= rid < self._next_id
         what = "finished and its result was taken or released" if known else "not known to this engine"
         raise KeyError(f"request id {rid!r}: {what} (not queued, running or holding a result)")
 
