@@ -101,17 +101,20 @@ def check_drafts(
             f"draft batch offsets {offsets[:8].tolist()}{'...' if b > 7 else ''} do not split {n} nodes "
             f"into {b} trees"
         )
-    errors = _node_errors(tokens, parents, depth, offsets, np.asarray(last_tokens, np.int64), vocab_size)
-    kept: list[np.ndarray | None] = []
-    for i in range(b):
-        if errors[i] is not None:
-            kept.append(None)
-            continue
-        d = depth[offsets[i] : offsets[i + 1]]
-        limit = max(int(max_depth[i]), 0)
-        kept.append(np.flatnonzero(d <= limit) if d.max() > limit else np.arange(len(d)))
+    tree_of = np.repeat(np.arange(b), sizes)
+    errors = _node_errors(
+        tokens, parents, depth, offsets, tree_of, np.asarray(last_tokens, np.int64), vocab_size
+    )
+    limits = np.maximum(np.asarray(max_depth, np.int64), 0)
+    deep = np.bincount(tree_of[depth > limits[tree_of]], minlength=b) > 0  # trees with nodes too deep
+    kept: list[np.ndarray | None] = [
+        None if errors[i] is not None
+        else np.flatnonzero(depth[offsets[i] : offsets[i + 1]] <= limits[i]) if deep[i]
+        else np.arange(sizes[i])
+        for i in range(b)
+    ]  # fmt: skip
     before = sum(len(k) - 1 for k in kept if k is not None)
-    kept = _budget_cut(kept, parents, offsets, budget, _scores(batch, n, offsets))
+    kept = _budget_cut(kept, parents, offsets, budget, lambda: _scores(batch, n, tree_of, offsets))
     cut = before - sum(len(k) - 1 for k in kept if k is not None)
     q_rows = _DraftProbs(batch, n, vocab_size) if any(sampling) else None
     trees: list[tuple[DraftTree, np.ndarray] | None] = []
@@ -119,25 +122,28 @@ def check_drafts(
         if k is None:
             trees.append(None)
             continue
-        a = int(offsets[i])
-        p = parents[a + k]
-        remap = np.full(int(sizes[i]), -1, np.int64)
-        remap[k] = np.arange(len(k))
-        p = np.where(p >= 0, remap[np.maximum(p, 0)], -1)
+        a, e = int(offsets[i]), int(offsets[i + 1])
+        if len(k) == e - a:  # the whole tree: its arrays as they are
+            t, p, d, idx = tokens[a:e], parents[a:e], depth[a:e], np.arange(a, e)
+        else:  # a prefix-closed subset: parents renumbered
+            idx = a + k
+            remap = np.full(e - a, -1, np.int64)
+            remap[k] = np.arange(len(k))
+            t, p, d = tokens[idx], parents[idx], depth[idx]
+            p = np.where(p >= 0, remap[np.maximum(p, 0)], -1)
         q = None
         if sampling[i] and len(k) > 1 and q_rows is not None and q_rows.present:
-            q, errors[i] = q_rows.rows(a + k, tokens[a + k], i)
+            q, errors[i] = q_rows.rows(idx, t, i)
             if errors[i] is not None:
                 trees.append(None)
                 continue
-        trees.append((DraftTree(tokens[a + k], p, depth[a + k], q), a + k))
+        trees.append((DraftTree(t, p, d, q), idx))
     return CheckedDrafts(trees, errors, cut, n - b)
 
 
-def _node_errors(tokens, parents, depth, offsets, want, vocab_size: int) -> list[str | None]:
+def _node_errors(tokens, parents, depth, offsets, tree_of, want, vocab_size: int) -> list[str | None]:
     """The first problem of each tree (None: well formed), all trees checked at once."""
     b, n = len(offsets) - 1, len(tokens)
-    tree_of = np.repeat(np.arange(b), np.diff(offsets))
     local = np.arange(n) - offsets[tree_of]
     root, inner = local == 0, local != 0
     parent_of = np.clip(np.where(inner, parents + offsets[tree_of], 0), 0, max(n - 1, 0))
@@ -155,6 +161,8 @@ def _node_errors(tokens, parents, depth, offsets, want, vocab_size: int) -> list
                    f"{want[tree_of[v]]}"),
     ]  # fmt: skip
     errors: list[str | None] = [None] * b
+    if not np.logical_or.reduce([bad for bad, _ in checks]).any():
+        return errors  # the common case: one pass, no per-tree work
     for bad, message in checks:
         idx = np.flatnonzero(bad)
         if len(idx):
@@ -165,7 +173,7 @@ def _node_errors(tokens, parents, depth, offsets, want, vocab_size: int) -> list
     return errors
 
 
-def _scores(batch: Any, n: int, offsets: np.ndarray) -> np.ndarray:
+def _scores(batch: Any, n: int, tree_of: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """Node priorities for cutting, higher first: the batch's ``acc_prob`` when it is a finite ``[N]``
     array, else minus the node's index in its tree (node order)."""
     acc = getattr(batch, "acc_prob", None)
@@ -176,14 +184,14 @@ def _scores(batch: Any, n: int, offsets: np.ndarray) -> np.ndarray:
             acc = None
         if acc is not None and acc.shape == (n,) and np.isfinite(acc).all():
             return acc
-    tree_of = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
     return -(np.arange(n) - offsets[tree_of]).astype(np.float64)
 
 
-def _budget_cut(kept, parents, offsets, budget, scores) -> list[np.ndarray | None]:
+def _budget_cut(kept, parents, offsets, budget, get_scores) -> list[np.ndarray | None]:
     """Cut the trees to ``budget`` drafted nodes (an int for the whole batch, or one per tree): the best
-    nodes by ``scores`` (ties: lower node index, then lower tree), closed under parents. ``kept[i]``:
-    sorted node indices within tree ``i`` (node 0 first) or None."""
+    nodes by ``get_scores()`` (computed only when something is cut; ties: lower node index, then lower
+    tree), closed under parents. ``kept[i]``: sorted node indices within tree ``i`` (node 0 first) or
+    None."""
     per_tree = not isinstance(budget, (int, np.integer))
     caps = [int(x) for x in budget] if per_tree else None
     total = sum(len(k) - 1 for k in kept if k is not None)
@@ -193,14 +201,15 @@ def _budget_cut(kept, parents, offsets, budget, scores) -> list[np.ndarray | Non
     trees = [i for i, k in enumerate(kept) if k is not None and len(k) > 1]
     out = list(kept)
     if per_tree:
-        for i in trees:
-            if len(kept[i]) - 1 > max(caps[i], 0):
-                own = np.full(len(kept[i]) - 1, i)
-                out[i] = _best(kept[i][1:], own, offsets, scores, caps[i], parents)[i]
+        over = [i for i in trees if len(kept[i]) - 1 > max(caps[i], 0)]
+        scores = get_scores() if over else None
+        for i in over:
+            own = np.full(len(kept[i]) - 1, i)
+            out[i] = _best(kept[i][1:], own, offsets, scores, caps[i], parents)[i]
         return out
     cand = np.concatenate([kept[i][1:] for i in trees]) if trees else np.zeros(0, np.int64)
     owner = np.concatenate([np.full(len(kept[i]) - 1, i) for i in trees]) if trees else cand
-    chosen = _best(cand, owner, offsets, scores, int(budget), parents)
+    chosen = _best(cand, owner, offsets, get_scores(), int(budget), parents)
     for i in trees:
         out[i] = chosen.get(i, np.zeros(1, np.int64))
     return out
