@@ -147,6 +147,16 @@ class FlakyForwards:
         return out
 
 
+def traced(trace, fn, *args):
+    """``fn(*args)`` with ``trace`` as this thread's trace function (set anew for each call: Python drops
+    a trace function that raised)."""
+    sys.settrace(trace)
+    try:
+        return fn(*args)
+    finally:
+        sys.settrace(None)
+
+
 def reference(prompts, params) -> list[list[int]]:
     """Fault-free plain decoding (budget 0) of every request."""
     engine = Engine(tiny_model("llama"), config=EngineConfig(budget=0, max_batch_size=16))
@@ -222,11 +232,7 @@ def run_chaos(prompts, params, refs, seed: int, rates: ChaosRates, max_steps: in
                 engine.add_request(prompts[next_prompt], params[next_prompt])
                 next_prompt += 1
             try:
-                sys.settrace(trace)
-                try:
-                    events = engine.step()
-                finally:
-                    sys.settrace(None)
+                events = traced(trace, engine.step)
             except (KeyboardInterrupt, RuntimeError):  # injected: the next step recovers
                 continue
             for e in events:

@@ -5,11 +5,9 @@ run's tokens. Seen before: with the output head raising on 15% of calls, 8 of 8 
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 import torch
-from chaos import ChaosRates, FlakyForwards, reference, run_chaos
+from chaos import ChaosRates, FlakyForwards, reference, run_chaos, traced
 from sssd.engine.engine import Engine, EngineConfig
 from sssd.engine.sampling import SamplingParams
 from test_engine_faults import _Interrupter
@@ -40,11 +38,7 @@ def _run(engine, before_step=None, trace=None):
         if before_step is not None:
             before_step(step)
         try:
-            sys.settrace(trace)
-            try:
-                events = engine.step()
-            finally:
-                sys.settrace(None)
+            events = traced(trace, engine.step)
         except (KeyboardInterrupt, RuntimeError):
             continue
         out.update({e.request_id: e.result.tokens for e in events if e.finished})
@@ -143,21 +137,13 @@ def test_an_interrupt_at_any_line_of_the_batch_bookkeeping_costs_nothing(greedy_
             if step == 3 and name == "_abort_now":  # a running request and a queued one (batch of 3)
                 for rid in (rids[1], rids[3]):
                     try:
-                        sys.settrace(trace)
-                        try:
-                            engine.abort(rid)
-                        finally:
-                            sys.settrace(None)
+                        traced(trace, engine.abort, rid)
                     except KeyboardInterrupt:
                         pass
             if step == 2:
                 extra = engine.add_request(PROMPTS[4], max_new_tokens=12, eos_token_ids=())
             try:
-                sys.settrace(trace)
-                try:
-                    events = engine.step()
-                finally:
-                    sys.settrace(None)
+                events = traced(trace, engine.step)
             except KeyboardInterrupt:
                 continue
             results.update({e.request_id: e.result.tokens for e in events if e.finished})

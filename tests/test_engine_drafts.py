@@ -6,7 +6,7 @@ is sampled (seeded outputs equal plain seeded decoding)."""
 from __future__ import annotations
 
 import tracemalloc
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -15,21 +15,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sssd.engine.engine import Engine, EngineConfig
 from sssd.engine.trees import MalformedDraftError, check_drafts
+from test_engine_sampling import QBatch  # tokens, parents, depth, offsets, draft_probs
 from tiny_models import VOCAB, hf_greedy, tiny_model
 from toy_drafters import ToyDrafter, TreeBuilder, pack
 
 torch.set_num_threads(1)
 
 PROMPTS = [[5, 7, 9], [11, 3, 2, 8], [60, 61]]
-
-
-@dataclass(frozen=True)
-class QBatch:
-    tokens: np.ndarray
-    parents: np.ndarray
-    depth: np.ndarray
-    offsets: np.ndarray
-    draft_probs: object  # [N, V] when well formed
 
 
 def _q(seed: int) -> np.ndarray:
