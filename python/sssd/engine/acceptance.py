@@ -51,15 +51,18 @@ def specinfer_node(
     separate child), or draws without replacement with row ``c`` = ``q`` without the earlier siblings'
     tokens, renormalized (each try is then an exact one-draft step against the residual, which already
     gives rejected tokens probability 0). Try the children in order, accept child ``x`` with probability
-    ``min(1, p(x)/q_c(x))``; after a rejection ``p ← normalize(max(p - q_c, 0))``. If every child is
-    rejected the token is drawn from the residual ``p``.
+    ``min(1, p(x)/q_c(x))`` (``q_c(x) > 0``: ValueError otherwise); after a rejection
+    ``p ← normalize(max(p - q_c, 0))``. If every child is rejected the token is drawn from the residual
+    ``p``.
     Returns (accepted child or None, token).
     """
     p = np.array(probs, dtype=np.float64)
     for c in kids:
         q = np.asarray(draft_probs[c], dtype=np.float64)
         x = int(tokens[c])
-        if (p[x] > 0) if q[x] <= 0 else (rng.random() * q[x] < p[x]):
+        if not q[x] > 0:  # a token cannot have been drawn from q: the engine refuses such drafts earlier
+            raise ValueError(f"draft distribution of node {c} gives its own token {x} probability {q[x]}")
+        if rng.random() * q[x] < p[x]:
             return c, x
         residual = np.maximum(p - q, 0.0)
         total = residual.sum()

@@ -324,6 +324,8 @@ class ModelAdapter:
                     same = False
                 if not same:  # e.g. logit scaling or soft-capping after the head
                     self._base = None
+        except torch.OutOfMemoryError:  # transient, not the model's incompatibility: keep its type
+            raise
         except (TypeError, RuntimeError, NotImplementedError) as e:
             raise ValueError(f"{self.model_class} cannot run sssd tree attention: {e}") from e
         finally:

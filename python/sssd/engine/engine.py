@@ -20,27 +20,41 @@ and ``observe(timing: StepTiming)`` called after every step; see ``sssd.policy.a
 requests join the batch now; FIFO without it). Without a policy the engine uses the adaptive
 ``BudgetPolicy`` (``budget_mode="adaptive"``: the goodput-optimal global budget in 0..``budget`` each step)
 or ``FixedBudget(config.budget, config.per_request_budget)``. A request's own ``budget`` (given to
-``add_request``) overrides the plan for that request.
+``add_request``) overrides the plan for that request. What a policy returns is checked
+(``sssd.engine.policy_guard``): a misbehaving policy costs a step its speculation, never a request.
+
+Threads: one thread drives the engine (``step``, ``generate``, ``stream``); ``add_request``, ``abort``,
+``result`` and ``has_unfinished`` may be called from any thread, also while a step runs. ``add_request``
+never waits (the request is queued in an inbox that the next step takes); ``abort`` and ``result`` wait
+for a running step to end (at most one step). A second ``step()`` while one runs raises RuntimeError.
+
+Memory over an unbounded life: a finished request's result is held until its final event has been handed
+out by ``step()``, then kept among the ``EngineConfig.kept_results`` most recent ones for ``result(rid)``;
+per-request state of the drafter and the policy is dropped when a request leaves.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
+import threading
 import time
 import weakref
-from collections import deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from sssd.engine.adapter import ATTENTION_BACKENDS, ModelAdapter
+from sssd.engine.policy_guard import PolicyGuard
 from sssd.engine.recovery import DrafterGuard, repair_batch
 from sssd.engine.requests import GenerationResult, Request, StreamEvent, as_prompt_ids
+from sssd.engine.runs import RunsMixin
 from sssd.engine.sampling import SamplingParams, as_params, eos_defaults
 from sssd.engine.static_step import pow2_at_least
-from sssd.engine.trees import split_batch
+from sssd.engine.threads import in_step, one_step_at_a_time
+from sssd.engine.trees import check_drafts, root_tree
 from sssd.engine.verify import verify_step
 from sssd.policy.interface import AdmitView, FixedBudget, StepTiming, StepView
 
@@ -72,11 +86,15 @@ class EngineConfig:
     # SSSD_COMPILE (0, 1 or a mode) decides instead.
     compile: bool | str = "auto"
     history_size: int = 1024  # StepTimings kept in EngineStats.history (the most recent steps)
+    # results of finished requests kept for result(rid) once their final event was handed out (the most
+    # recent ones; generate() and stream() take their own)
+    kept_results: int = 256
 
     def __post_init__(self) -> None:
-        for name in ("budget", "max_batch_size", "prefill_chunk", "initial_cache_rows", "history_size"):
+        names = ("budget", "max_batch_size", "prefill_chunk", "initial_cache_rows", "history_size")
+        for name in (*names, "kept_results"):
             v = getattr(self, name)
-            low = 0 if name == "budget" else 1
+            low = 0 if name in ("budget", "kept_results") else 1
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
                 raise ValueError(f"EngineConfig.{name} must be an int >= {low}, got {v!r}")
         if self.budget_mode not in ("adaptive", "fixed"):
@@ -107,13 +125,14 @@ class EngineStats:
     drafter_errors: int = 0  # exceptions raised by the drafter (its requests drafted nothing meanwhile)
     request_errors: int = 0  # requests finished with finish_reason="error" (their own input failed)
     recovered: int = 0  # requests whose KV cache rows were rebuilt after a step was interrupted
+    policy_errors: int = 0  # policy hooks that raised or returned something malformed (see policy_guard)
     compiles: int = 0  # shape buckets of the verification forward compiled or captured (EngineConfig.compile)
     compile_time: float = 0.0  # seconds they took (not counted in the step and forward times)
     # the most recent steps (EngineConfig.history_size of them); the totals above cover every step
     history: deque[StepTiming] = field(default_factory=lambda: deque(maxlen=1024), repr=False)
 
 
-class Engine:
+class Engine(RunsMixin):
     def __init__(
         self, model: Any, tokenizer: Any = None, drafter: Any = None, config: EngineConfig | None = None
     ):
@@ -152,15 +171,25 @@ class Engine:
                         f"datastore vocabulary {ds.vocab_size} is larger than the model's {self.vocab_size}"
                     )
         self.policy = self.config.policy or _default_policy(self.config)
+        self._policy = PolicyGuard(self.policy)
         self.default_eos = eos_defaults(model, tokenizer)
         self.stats = EngineStats(history=deque(maxlen=self.config.history_size))
         self._guard = DrafterGuard(drafter) if drafter is not None else None
+        self._inbox: deque[Request] = deque()  # added by any thread; the next step moves them to _waiting
         self._waiting: deque[Request] = deque()
         self._active: list[Request] = []  # index = cache slot
-        self._finished: dict[int, GenerationResult] = {}
+        self._finished: dict[int, GenerationResult] = {}  # final event not handed out yet
+        self._results: OrderedDict[int, GenerationResult] = OrderedDict()  # handed out: the most recent
         self._unreported: list[Request] = []  # retired by a step whose events did not reach the caller
         self._next_id = 0
         self._view: StepView | None = None
+        # threads (sssd.engine.threads): _lock guards the engine's state, a step holds it throughout
+        self._lock = threading.RLock()
+        self._stepper: int | None = None  # the thread that ran the latest step
+        self._ids = itertools.count()  # next() is atomic: ids from any thread, no lock to leave held
+        self._deferred_aborts: deque[int] = deque()  # abort() from inside a step: applied before the next
+        self._watch: dict[int, GenerationResult | None] = {}  # generate/stream requests -> abort result
+        self._watch_aborted: set[int] = set()  # those of them with an abort result
 
     # -- requests ------------------------------------------------------------------------------------
     def add_request(
@@ -185,18 +214,34 @@ class Engine:
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer")
         eos = self.default_eos if params.eos_token_ids is None else params.eos_token_ids
-        rid = self._next_id
-        self._next_id += 1
+        rid = next(self._ids)
+        self._next_id = max(self._next_id, rid + 1)  # ids handed out so far (a hint for messages)
         req = Request(rid, ids, params, frozenset(eos), budget, self.adapter.max_positions, self.tokenizer)
-        self._waiting.append(req)
+        self._inbox.append(req)  # never waits for a running step: the next one takes it
         return rid
 
     def has_unfinished(self) -> bool:
-        return bool(self._waiting or self._active)
+        """True while a request is queued or running, or a finished one's final event was not handed out
+        yet (a step interrupted after finishing it): ``while engine.has_unfinished(): engine.step()``
+        delivers every event."""
+        return bool(self._inbox or self._waiting or self._active or self._unreported)
 
     def result(self, rid: int) -> GenerationResult | None:
-        """The result of a finished request (kept until taken)."""
-        return self._finished.pop(rid, None)
+        """The result of a finished request, taken (returned once): held until its final event is handed
+        out, then among the ``EngineConfig.kept_results`` most recent; None when unknown or released."""
+        with self._lock:
+            res = self._finished.pop(rid, None)
+            return res if res is not None else self._results.pop(rid, None)
+
+    def _take_inbox(self) -> None:
+        """Move requests added by any thread into the queue, in order. Safe to interrupt: a request that
+        was appended but not yet popped is recognized as the queue's last."""
+        inbox, waiting = self._inbox, self._waiting
+        while inbox:
+            req = inbox[0]
+            if not (waiting and waiting[-1] is req):
+                waiting.append(req)
+            inbox.popleft()
 
     def _admit(self) -> float:
         """Admit waiting requests into free slots (prefill their prompts). Who joins is the policy's
@@ -224,8 +269,7 @@ class Engine:
 
     def _admission(self, free: int) -> list[Request]:
         waiting = list(self._waiting)
-        admit = getattr(self.policy, "admit", None)
-        if admit is None:
+        if not self._policy.has("admit"):
             return waiting[:free]
         reqs = self._active
         view = AdmitView(
@@ -237,7 +281,7 @@ class Engine:
             free,
         )  # fmt: skip
         by_id = {r.rid: r for r in waiting}
-        chosen = [by_id[rid] for rid in dict.fromkeys(admit(view)) if rid in by_id][:free]
+        chosen = [by_id[rid] for rid in dict.fromkeys(self._policy.admit(view))][:free]
         if not chosen and not reqs:
             chosen = waiting[:1]  # an empty batch always makes progress
         return chosen
@@ -252,16 +296,13 @@ class Engine:
             [r.budget for r in reqs],
         )
         self._view = view
-        plan = self.policy.plan(view) if self.drafter is not None else 0
-        if not isinstance(plan, (int, np.integer)):
-            plan = [int(x) for x in plan]
-            if len(plan) != len(reqs):
-                raise ValueError(f"policy planned {len(plan)} budgets for {len(reqs)} requests")
+        plan = self._policy.plan(view) if self.drafter is not None else 0  # checked: int or one per request
         if any(r.budget is not None for r in reqs):  # own budgets override the plan
             share = plan if isinstance(plan, list) else [int(plan) // len(reqs)] * len(reqs)
             plan = [r.budget if r.budget is not None else s for r, s in zip(reqs, share, strict=True)]
         return plan if isinstance(plan, list) else int(plan)
 
+    @one_step_at_a_time
     def step(self) -> list[StreamEvent]:
         """Run one step for every active request (admitting waiting ones first). Returns the events.
 
@@ -285,10 +326,7 @@ class Engine:
         t0 += compiling  # a bucket compiled in this step: its seconds are reported apart from the step's
         t1 += compiling
         t2 = time.perf_counter()
-        # draft distributions index the whole batch: usable when every request drafted (else plain
-        # acceptance, lossless for any draft)
-        draft_probs = getattr(batch, "draft_probs", None) if len(drafted) == len(reqs) else None
-        paths, bonus = verify_step(output, trees, reqs, draft_probs)
+        paths, bonus = verify_step(output, trees, reqs)  # checked draft distributions ride on the trees
         self.adapter.commit(paths)
         events, accepted = [], []
         for req, (tree, _), path, b in zip(reqs, trees, paths, bonus, strict=True):
@@ -329,7 +367,8 @@ class Engine:
         s.step_time += t3 - t0
         s.drafter_errors = self._guard.error_count if self._guard is not None else 0
         s.history.append(timing)
-        self.policy.observe(timing)
+        self._policy.observe(timing)
+        s.policy_errors = self._policy.error_count
         return self._hand_out(finished + stepped, events)
 
     def _compile_time(self) -> float:
@@ -343,9 +382,10 @@ class Engine:
     def _draft(self, reqs: list[Request], plan: int | list[int]) -> tuple[list, Any, list[int]]:
         """The step's trees (one per request, roots only where nothing is drafted), the drafter's batch
         (or None) and the indexes of the requests it covers. Requests whose drafter state is out of sync
-        with their tokens draft nothing; a failing drafter costs the step its speculation, not its tokens."""
+        with their tokens draft nothing; a failing drafter costs the step its speculation, not its tokens;
+        what it returns is checked and cut to the budget (``sssd.engine.trees``), a malformed tree costs
+        its own request's speculation only."""
         last = [r.last_token for r in reqs]
-        max_depth = [r.remaining - 1 for r in reqs]
         idx: list[int] = []
         if self._guard is not None and (plan if isinstance(plan, int) else sum(plan)) > 0:
             self._guard.sync(reqs)
@@ -358,30 +398,35 @@ class Engine:
             budget = plan if isinstance(plan, int) else [plan[i] for i in idx]
             # optional hooks of the budget policy: extra propose arguments (SLO targets and the predicted
             # step time) and the choice of how much of the proposed batch to keep
-            kwargs = getattr(self.policy, "propose_kwargs", None)
-            batch = self._guard.propose(sub, [r.rid for r in sub], budget, kwargs(view) if kwargs else {})
-            if batch is not None:
-                try:
-                    select = getattr(self.policy, "select", None)
-                    if select is not None and isinstance(plan, int):  # a global budget: it may be cut
-                        batch = select(view, batch)
-                    drafted = split_batch(batch, [last[i] for i in idx], self.vocab_size,
-                                          [max_depth[i] for i in idx])  # fmt: skip
-                except Exception as e:  # a malformed batch: the drafter's fault, not the requests'
-                    self._guard._failed("propose", e, sub)
-                    batch = None
-                else:
-                    for j, i in enumerate(idx):
-                        trees[i] = drafted[j]
-            if batch is None:
-                idx = []
-        rest = [i for i, t in enumerate(trees) if t is None]
-        if rest:
-            roots = split_batch(_RootsOnly([last[i] for i in rest]), [last[i] for i in rest],
-                                self.vocab_size, [max_depth[i] for i in rest])  # fmt: skip
-            for j, i in enumerate(rest):
-                trees[i] = roots[j]
+            kwargs = self._policy.propose_kwargs(view)
+            batch = self._guard.propose(sub, [r.rid for r in sub], budget, kwargs)
+            if batch is not None and isinstance(plan, int):  # a global budget: the policy may cut it
+                batch = self._policy.select(view, batch)
+            if batch is not None and not self._checked(batch, sub, budget, trees, idx):
+                batch, idx = None, []
+        for i, t in enumerate(trees):
+            if t is None:
+                trees[i] = (root_tree(last[i]), np.zeros(1, np.int64))
         return trees, batch, idx
+
+    def _checked(self, batch: Any, sub: list[Request], budget: Any, trees: list, idx: list[int]) -> bool:
+        """Check the drafter's ``batch`` for the requests ``sub`` (``trees[idx[j]]`` gets request ``j``'s
+        tree, unless refused); False when the whole batch is refused."""
+        try:
+            got = check_drafts(batch, [r.last_token for r in sub], self.vocab_size,
+                               [r.remaining - 1 for r in sub], budget,
+                               [not r.params.greedy for r in sub])  # fmt: skip
+        except Exception as e:  # a batch that cannot be split into trees: the drafter's fault
+            self._guard._failed("propose", e, sub)
+            return False
+        for j, i in enumerate(idx):
+            if got.trees[j] is None:
+                self._guard.refused(sub[j], got.errors[j])
+            else:
+                trees[i] = got.trees[j]
+        if got.cut:
+            self._guard.over_budget(got.cut, got.proposed, budget)
+        return True
 
     def _append(self, req: Request, tokens: list[int]) -> list[int]:
         """``req.append``; a request whose own input fails there (its tokenizer's decode raises) finishes
@@ -402,10 +447,19 @@ class Engine:
         """Mark the events' tokens and text as handed out, the last thing ``step()`` does: a step
         interrupted before this point hands them out with the next step's events instead, so the stream
         neither loses nor repeats tokens (an interrupt inside this method, the one window left, can drop
-        one step's events; the results keep every token)."""
+        one step's events; the results keep every token). A finished request's result moves to the
+        bounded store of recent results (``EngineConfig.kept_results``)."""
+        kept = self._results
         for r in reqs:
             r.handed_out()
+            res = self._finished.get(r.rid) if r.finish_reason else None
+            if res is not None:  # its final event is out: kept among the recent results only
+                kept[r.rid] = res
+                del self._finished[r.rid]
+        while len(kept) > self.config.kept_results:
+            kept.popitem(last=False)
         self._unreported.clear()
+        self._lock.release()  # the step's (sssd.engine.threads): released last, nothing runs after it
         return events
 
     def _recover(self) -> tuple[list[StreamEvent], list[Request]]:
@@ -455,95 +509,70 @@ class Engine:
         req = self._active[slot]
         if self._guard is not None:
             self._guard.remove(req)
-        if hasattr(self.policy, "remove_request"):  # per-request state of the budget policy
-            self.policy.remove_request(req.rid)
+        self._policy.remove_request(req.rid)  # per-request state of the budget policy
         moved = self.adapter.cache.remove(slot)
-        if moved is not None:
-            self._active[slot] = self._active[moved]
-        self._active.pop()
+        # one statement each: an interrupt leaves the batch as it was or as it should be, never with the
+        # moved request in two slots (an interrupt between a copy and a pop once ran a request twice)
+        if moved is None:
+            del self._active[slot]
+        else:
+            self._active[slot:] = [self._active[moved], *self._active[slot + 1 : moved]]
 
     def abort(self, rid: int) -> GenerationResult:
         """Stop a request, queued or running: its slot, cache rows and drafter state are freed at once.
         Returns its partial result with ``finish_reason="abort"`` (tokens and text generated so far). A
         request that already finished keeps its result, which is returned (and no longer kept). Raises
-        ``KeyError`` for an id this engine does not know."""
+        ``KeyError`` for an id this engine does not know (or whose result was released).
+
+        Safe from any thread: while another thread runs a step, this waits for the step to end. Called
+        from inside a step (a policy or drafter callback, a ``stream()`` collected mid-step), the abort
+        takes effect before the next step and the result is the request's state now."""
+        with self._lock:
+            if in_step(threading.get_ident()):  # called from inside this thread's own step
+                return self._abort_later(rid)
+            self._take_inbox()
+            return self._abort_now(rid)
+
+    def _abort_now(self, rid: int) -> GenerationResult:
         for req in self._waiting:
             if req.rid == rid:
                 self._waiting.remove(req)
+                self._policy.remove_request(rid)  # e.g. an SLO target set while it waited
                 return self._aborted(req)
         for slot, req in enumerate(self._active):
             if req.rid == rid:
                 self._release(slot)
                 return self._aborted(req)
-        if rid in self._finished:
-            return self._finished.pop(rid)
-        raise KeyError(f"unknown request id {rid!r}: not queued, running or finished in this engine")
+        res = self._finished.pop(rid, None) or self._results.pop(rid, None)
+        if res is not None:
+            return res
+        known = isinstance(rid, int) and 0 <= rid < self._next_id
+        what = "finished and its result was taken or released" if known else "not known to this engine"
+        raise KeyError(f"request id {rid!r}: {what} (not queued, running or holding a result)")
 
-    @staticmethod
-    def _aborted(req: Request) -> GenerationResult:
+    def _abort_later(self, rid: int) -> GenerationResult:
+        for req in (*self._inbox, *self._waiting, *self._active):
+            if req.rid == rid and not req.finish_reason:
+                self._deferred_aborts.append(rid)
+                return replace(req.result(), finish_reason="abort")
+        return self._abort_now(rid)  # finished (or unknown): nothing in the batch changes
+
+    def _apply_deferred_aborts(self) -> None:
+        while self._deferred_aborts:
+            try:
+                self._abort_now(self._deferred_aborts[0])
+            except KeyError:  # finished meanwhile (its result stays), or an interrupted earlier try
+                pass
+            self._deferred_aborts.popleft()
+
+    def _aborted(self, req: Request) -> GenerationResult:
         req.finish_reason = "abort"
         req.finish_text()
-        return req.result()
-
-    # -- convenience ---------------------------------------------------------------------------------
-    def _add_all(
-        self, prompts: Any, params: SamplingParams | None, budget: int | None, kw: dict
-    ) -> list[int]:
-        if isinstance(prompts, (str, np.ndarray)) or (
-            isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], (int, np.integer, Mapping))
-        ):  # one prompt: text, token ids or one conversation (a list of message dicts)
-            prompts = [prompts]
-        prompts = list(prompts)
-        if not prompts:
-            raise ValueError("no prompts")
-        params = as_params(params, kw)
-        rids = []
-        for i, p in enumerate(prompts):
-            own = params
-            if params.seed is not None:  # distinct, reproducible streams per prompt
-                own = as_params(params, {"seed": params.seed + i})
-            rids.append(self.add_request(p, own, budget=budget))
-        return rids
-
-    def generate(
-        self, prompts: Any, params: SamplingParams | None = None, *, budget: int | None = None, **kw: Any
-    ) -> list[GenerationResult]:
-        """Generate for every prompt (run to completion); results in prompt order. ``kw``: SamplingParams
-        fields (max_new_tokens, temperature, top_k, top_p, seed, stop, eos_token_ids). With a seed, prompt
-        ``i`` samples with ``seed + i``."""
-        rids = self._add_all(prompts, params, budget, kw)
-        want = set(rids)
-        while want & self._finished.keys() != want:
-            self.step()
-        return [self._finished.pop(r) for r in rids]
-
-    def stream(
-        self, prompts: Any, params: SamplingParams | None = None, *, budget: int | None = None, **kw: Any
-    ) -> Iterator[StreamEvent]:
-        """Like ``generate`` but yields a StreamEvent (with its text delta) whenever tokens are accepted.
-        Closing the iterator early (``break``, ``.close()``, garbage collection) aborts its unfinished
-        requests, so they stop using the batch."""
-        rids = self._add_all(prompts, params, budget, kw)
-        pending = set(rids)
-        try:
-            while pending:
-                for e in self.step():
-                    if e.request_id not in pending:
-                        continue
-                    if e.finished:
-                        pending.discard(e.request_id)
-                        self._finished.pop(e.request_id, None)
-                    if e.tokens or e.finished:
-                        yield e
-        finally:  # the consumer stopped early (closed, broke out, was collected) or a step raised
-            for rid in pending:
-                self._abort_quietly(rid)
-
-    def _abort_quietly(self, rid: int) -> None:
-        try:
-            self.abort(rid)
-        except KeyError:
-            pass
+        res = req.result()
+        if req.rid in self._watch:  # a generate() / stream() waits for it: it gets the result too
+            self._watch[req.rid] = res
+            self._watch_aborted.add(req.rid)
+        return res
 
 
 def _view_of(reqs: list[Request]) -> StepView:
@@ -579,17 +608,3 @@ def _default_policy(config: EngineConfig) -> Any:
 
     cost = CostModel.load(config.cost_profile) if config.cost_profile else None
     return BudgetPolicy(BudgetConfig(mode="adaptive", budget=int(config.budget)), cost)
-
-
-@dataclass(frozen=True)
-class _RootsOnly:
-    """A draft batch with no draft nodes (plain decoding step)."""
-
-    roots: Iterable[int]
-
-    def __post_init__(self) -> None:
-        r = np.asarray(list(self.roots), dtype=np.int64)
-        object.__setattr__(self, "tokens", r)
-        object.__setattr__(self, "parents", np.full(len(r), -1, np.int64))
-        object.__setattr__(self, "depth", np.zeros(len(r), np.int64))
-        object.__setattr__(self, "offsets", np.arange(len(r) + 1, dtype=np.int64))

@@ -6,7 +6,8 @@ its KV cache rows, the drafter's copy of its context — is a cache that can be 
 - :class:`DrafterGuard` calls the drafter. An exception in any of its methods costs at most the
   speculation of the requests concerned: they draft nothing until their drafter state is rebuilt
   (``remove_request`` + ``add_request`` with all their tokens), retried with exponential back-off in
-  steps. Errors are counted and logged once per method.
+  steps. Errors are counted and logged once per method. What ``propose`` returns is checked before use
+  (``sssd.engine.trees``): a malformed tree costs its request's speculation, an oversized one is cut.
 - :func:`repair_batch` runs before every step and brings the batch back to its invariants after anything
   escaped a step (an exception, ``KeyboardInterrupt``): every running request owns exactly one cache slot,
   in batch order, holding ``context_len - 1`` committed rows (all but the root). Rows past that are
@@ -53,6 +54,25 @@ class DrafterGuard:
             req.drafted = -1
             req.draft_failures += 1
             req.draft_retry = self.step + min(2**req.draft_failures, MAX_BACKOFF_STEPS)
+
+    def refused(self, req: Any, message: str) -> None:
+        """A malformed draft for ``req`` (see ``sssd.engine.trees``): counted like an exception of
+        ``propose`` for that request alone, whose drafter state is rebuilt before it drafts again."""
+        from sssd.engine.trees import MalformedDraftError
+
+        self._failed("propose", MalformedDraftError(message), [req])
+
+    def over_budget(self, cut: int, proposed: int, budget: Any) -> None:
+        """``propose`` returned more drafted nodes than the budget; ``cut`` of them were dropped. Counted
+        and logged once; the trees, cut to the budget, are still verified."""
+        first = "over budget" not in self.errors
+        self.errors["over budget"] = self.errors.get("over budget", 0) + 1
+        if first:
+            log.warning(
+                "drafter %s.propose() returned %d drafted nodes for a budget of %s: the engine verifies "
+                "the best ones within the budget and drops %d (further such steps are counted in "
+                "EngineStats.drafter_errors)", type(self.drafter).__name__, proposed, budget, cut,
+            )  # fmt: skip
 
     @staticmethod
     def _tokens(req: Any) -> np.ndarray:

@@ -9,7 +9,7 @@ import numpy as np
 
 from sssd.engine.chat import chat_prompt_ids, is_messages
 from sssd.engine.detokenize import IncrementalDetokenizer
-from sssd.engine.sampling import SamplingParams
+from sssd.engine.sampling import SamplingParams, draw_key, position_draws
 
 
 @dataclass
@@ -100,7 +100,7 @@ class Request:
     output: list[int] = field(default_factory=list)
     stats: RequestStats = field(default_factory=RequestStats)
     finish_reason: str | None = None
-    rng: np.random.Generator | None = None
+    key: np.ndarray | None = None  # uint64 [2] key of the sampling draws (None: greedy), see draws()
     _detok: IncrementalDetokenizer | None = field(default=None, repr=False)
     _new_text: list[str] = field(default_factory=list, repr=False)
     _text_done: bool = False
@@ -113,7 +113,7 @@ class Request:
 
     def __post_init__(self) -> None:
         if not self.params.greedy:
-            self.rng = np.random.default_rng(self.params.seed)
+            self.key = draw_key(self.params.seed)
         if self.tokenizer is not None:
             self._detok = IncrementalDetokenizer(self.tokenizer)
         self._stop_len = max((len(s) for s in self.params.stop), default=0)
@@ -125,6 +125,11 @@ class Request:
     @property
     def context_len(self) -> int:
         return len(self.prompt) + len(self.output)
+
+    def draws(self, position: int) -> np.random.Generator:
+        """The random numbers for this request's token at ``position`` (index in prompt + output): a
+        function of the seed and the position only, so a step that is run again draws the same."""
+        return position_draws(self.key, position)
 
     @property
     def remaining(self) -> int:
