@@ -6,10 +6,10 @@ the whole batch, optionally SLO-aware), the calibration of its node scores (``ca
 budget allocation and selection as pure functions (``allocation``) and the Python oracle of all of it
 (``reference``). The trees leave as a ``DraftBatch`` (flat arrays); the engine checks them and builds
 the masks the model needs (``sssd.engine.trees``). Beside the retrieval drafter, with the same API:
-``model.py`` (``ModelDrafter``: a small causal LM as the drafter, expansion or dynamic trees, greedy or sampled with draft distributions),
-``model_calibration.py`` (its online score table), ``merge.py`` (``MergedDrafter``: several drafters'
-trees merged into one per request) and ``assemble.py`` (best-first selection over candidate nodes and
-packing into a ``DraftBatch``, numpy only).
+``model.py`` (``ModelDrafter``: a small causal LM as the drafter, expansion or dynamic trees, greedy or
+sampled with draft distributions), ``model_calibration.py`` (its online score table), ``merge.py``
+(``MergedDrafter``: several drafters' trees merged into one per request) and ``assemble.py`` (best-first
+selection over candidate nodes and packing into a ``DraftBatch``, numpy only).
 
 May import: ``sssd.datastore``, ``sssd._core``, ``sssd.fileio`` and numpy. Never the policy; never the
 engine or torch, with one exception: ``model.py`` imports ``sssd.engine`` (the ``ModelAdapter`` and
