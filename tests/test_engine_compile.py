@@ -342,6 +342,21 @@ def test_a_model_that_cannot_be_captured_falls_back_with_one_warning():
     assert out == [reference("llama", p, 20) for p in prompts]
 
 
+def test_padding_nodes_of_a_tree_near_the_end_of_its_rows_stay_inside_the_bucket():
+    """A context of 125 rows and a 3-node tree: the 4-node bucket's padding node writes row 128, so the
+    bucket must read (and the cache hold) more than the 128 rows the real nodes need."""
+    rng = np.random.default_rng(3)
+    adapter = ModelAdapter(tiny_model("llama"), attention="sdpa", compile="static", initial_capacity=128)
+    adapter.prefill(adapter.cache.add(), rng.integers(2, VOCAB, 125))
+    tree = [random_tree(3, rng, 9)]
+    got = adapter.forward_trees(tree).logits()
+    (bucket,) = adapter.static._ready
+    assert bucket.nodes == 4 and bucket.rows >= 129 and adapter.cache.capacity >= 129
+    eager = ModelAdapter(adapter.model, attention="sdpa")
+    eager.cache, eager.static = adapter.cache, None  # the same committed rows, the eager forward
+    torch.testing.assert_close(got, eager.forward_trees(tree).logits(), rtol=1e-5, atol=1e-5)
+
+
 def test_compile_error_is_raised_for_the_first_call_only(monkeypatch):
     """After a bucket compiled, a failing forward is a fault of the step (it propagates), not a reason to
     give up the compiled path."""

@@ -347,7 +347,7 @@ class ModelAdapter:
         sizes = np.array([len(t.tokens) for t in trees], dtype=np.int64)
         committed = cache.lengths[slot_start : slot_start + b]
         n_max = int(sizes.max())
-        rows = int(committed.max()) + pow2_at_least(int(sizes.max()))  # padding nodes write rows too
+        rows = int((committed + sizes).max())
         cache.reserve(rows)
         dev = self.device
         if b == 1:
@@ -419,7 +419,7 @@ class ModelAdapter:
         cache = self.cache
         committed = cache.lengths[: len(trees)].copy()
         sizes = np.array([len(t.tokens) for t in trees], dtype=np.int64)
-        rows = int((committed + sizes).max())
+        rows = int(committed.max()) + pow2_at_least(int(sizes.max()))  # padding nodes write rows too
         cache.reserve(rows)
         cache.reserve_slots(pow2_at_least(len(trees)))
         bucket = bucket_for(len(trees), int(sizes.max()), rows, cache.capacity, cache.slots)
