@@ -96,4 +96,3 @@ def allocate_budget(
         taken[i] += 1
         order.append(i)
     return order
-
