@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import time
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
@@ -134,6 +135,7 @@ class StepOutput:
     def __init__(self, rows: torch.Tensor, head: Any = None, row_of: np.ndarray | None = None):
         self.rows, self.head = rows, head
         self.row_of = row_of  # int64 [N]: row of each packed node (a padded static forward), None = same
+        self.head_s = 0.0  # seconds spent in the output head so far (part of the forward's cost)
 
     def __len__(self) -> int:
         return int(self.rows.shape[0]) if self.row_of is None else len(self.row_of)
@@ -145,8 +147,13 @@ class StepOutput:
         x = self.rows if index is None else self.rows[torch.as_tensor(index, device=self.rows.device)]
         if self.head is None:
             return x
+        t0 = time.perf_counter()
         with torch.inference_mode():
-            return self.head(x)
+            out = self.head(x)
+        if out.device.type == "cuda":  # its time, not its launch time (the caller reads it at once anyway)
+            torch.cuda.synchronize(out.device)
+        self.head_s += time.perf_counter() - t0
+        return out
 
 
 class ModelAdapter:

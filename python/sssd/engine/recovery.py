@@ -41,7 +41,7 @@ class DrafterGuard:
     def error_count(self) -> int:
         return sum(self.errors.values())
 
-    def _failed(self, method: str, err: BaseException, reqs: list[Any] = ()) -> None:
+    def failed(self, method: str, err: BaseException, reqs: list[Any] = ()) -> None:
         first = method not in self.errors
         self.errors[method] = self.errors.get(method, 0) + 1
         if first:
@@ -60,7 +60,7 @@ class DrafterGuard:
         ``propose`` for that request alone, whose drafter state is rebuilt before it drafts again."""
         from sssd.engine.trees import MalformedDraftError
 
-        self._failed("propose", MalformedDraftError(message), [req])
+        self.failed("propose", MalformedDraftError(message), [req])
 
     def over_budget(self, cut: int, proposed: int, budget: Any) -> None:
         """``propose`` returned more drafted nodes than the budget; ``cut`` of them were dropped. Counted
@@ -82,7 +82,7 @@ class DrafterGuard:
         try:
             self.drafter.add_request(req.rid, self._tokens(req))
         except Exception as e:
-            self._failed("add_request", e, [req])
+            self.failed("add_request", e, [req])
             return
         req.drafted = req.context_len
 
@@ -92,7 +92,7 @@ class DrafterGuard:
         try:
             self.drafter.extend(req.rid, np.asarray(kept, dtype=np.int32))
         except Exception as e:
-            self._failed("extend", e, [req])
+            self.failed("extend", e, [req])
             return
         req.drafted = req.context_len
 
@@ -100,7 +100,7 @@ class DrafterGuard:
         try:
             self.drafter.remove_request(req.rid)
         except Exception as e:
-            self._failed("remove_request", e)
+            self.failed("remove_request", e)
         req.drafted = -1
 
     def sync(self, reqs: list[Any]) -> None:
@@ -120,7 +120,7 @@ class DrafterGuard:
         try:
             return self.drafter.propose(rids, budget=budget, **kwargs)
         except Exception as e:
-            self._failed("propose", e, reqs)
+            self.failed("propose", e, reqs)
             return None
 
     def observe(self, rids: list[int], batch: Any, accepted: list[int]) -> None:
@@ -129,7 +129,7 @@ class DrafterGuard:
         try:
             self.drafter.observe(rids, batch, np.asarray(accepted, dtype=np.int64))
         except Exception as e:  # online calibration only: nothing to rebuild
-            self._failed("observe", e)
+            self.failed("observe", e)
 
 
 def repair_batch(adapter: Any, active: list[Any]) -> int:
