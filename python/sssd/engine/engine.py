@@ -230,7 +230,7 @@ class Engine(RequestsMixin, RunsMixin):
         drafts = Drafts(budget, [None] * len(reqs))
         if self._guard is not None and budget.total > 0:
             self._guard.sync(reqs)
-            drafting = [i for i, r in enumerate(reqs) if r.drafted == r.context_len]
+            drafting = [i for i, r in enumerate(reqs) if r.drafter_tokens == r.context_len]
             if drafting:
                 self._propose(drafts, reqs, view, drafting)
         for i, t in enumerate(drafts.trees):

@@ -29,7 +29,7 @@ MAX_BACKOFF_STEPS = 1024
 
 
 class DrafterGuard:
-    """The engine's calls into ``drafter``; per request ``req.drafted`` is the number of its tokens the
+    """The engine's calls into ``drafter``; per request ``req.drafter_tokens`` is the number of its tokens the
     drafter holds (-1: unknown, so it must be rebuilt before the request drafts again)."""
 
     def __init__(self, drafter: Any):
@@ -51,7 +51,7 @@ class DrafterGuard:
                 type(self.drafter).__name__, method, type(err).__name__, err,
             )  # fmt: skip
         for req in reqs:
-            req.drafted = -1
+            req.drafter_tokens = -1
             req.draft_failures += 1
             req.draft_retry = self.step + min(2**req.draft_failures, MAX_BACKOFF_STEPS)
 
@@ -84,31 +84,31 @@ class DrafterGuard:
         except Exception as e:
             self.failed("add_request", e, [req])
             return
-        req.drafted = req.context_len
+        req.drafter_tokens = req.context_len
 
-    def extend(self, req: Any, kept: list[int]) -> None:
-        if req.drafted != req.context_len - len(kept):
+    def extend(self, req: Any, new_tokens: list[int]) -> None:
+        if req.drafter_tokens != req.context_len - len(new_tokens):
             return  # out of sync already: rebuilt before it drafts again
         try:
-            self.drafter.extend(req.rid, np.asarray(kept, dtype=np.int32))
+            self.drafter.extend(req.rid, np.asarray(new_tokens, dtype=np.int32))
         except Exception as e:
             self.failed("extend", e, [req])
             return
-        req.drafted = req.context_len
+        req.drafter_tokens = req.context_len
 
     def remove(self, req: Any) -> None:
         try:
             self.drafter.remove_request(req.rid)
         except Exception as e:
             self.failed("remove_request", e)
-        req.drafted = -1
+        req.drafter_tokens = -1
 
     def sync(self, reqs: list[Any]) -> None:
         """Rebuild the drafter state of requests whose copy disagrees with their tokens (when their
         back-off allows)."""
         self.step += 1
         for req in reqs:
-            if req.drafted != req.context_len and self.step >= req.draft_retry:
+            if req.drafter_tokens != req.context_len and self.step >= req.draft_retry:
                 try:  # the drafter may hold a stale copy, or none
                     self.drafter.remove_request(req.rid)
                 except Exception:

@@ -106,7 +106,7 @@ class Request:
     _text_done: bool = False
     _stop_len: int = 0
     emitted: int = 0  # output tokens handed out in StreamEvents
-    drafted: int = -1  # tokens of this request the drafter holds (-1: none / unknown; see engine.recovery)
+    drafter_tokens: int = -1  # tokens of this request the drafter holds (-1: none / unknown; engine.recovery)
     draft_failures: int = 0
     draft_retry: int = 0  # the drafter step from which its drafter state may be rebuilt again
     error: str | None = None
