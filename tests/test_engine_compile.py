@@ -21,17 +21,18 @@ import numpy as np
 import pytest
 import torch
 from engine_runs import join_and_leave
-from sssd.engine.adapter import ModelAdapter, Tree
+from sssd.engine.adapter import ModelAdapter
 from sssd.engine.engine import Engine, EngineConfig
+from sssd.engine.masks import ancestor_matrix
 from sssd.engine.sampling import SamplingParams, target_probs
 from sssd.engine.static_step import (
     Bucket,
     CompileError,
     StaticStep,
-    ancestor_matrix,
     bucket_for,
     resolve_compile,
 )
+from sssd.engine.trees import Tree
 from test_engine_lossless import make_prompts, oracle, reference
 from test_engine_sampling import SmallModelLikeDrafter, assert_matches
 from tiny_models import COMPILE_FAMILIES, VOCAB, tiny_model

@@ -151,11 +151,4 @@ class Drafter {
   std::mutex mutex_;
 };
 
-// Tree buffers for verification. For B trees (offsets [B+1]) of at most 128 nodes each:
-// positions[N] = depth; masks[N * 2] (bit j of node i's row: node j of the same tree is i or an
-// ancestor of i); paths[N * (max_depth + 1)] = global indices of root..node, padded with -1;
-// tree_index[N]. Throws std::invalid_argument on a malformed batch.
-void build_tree_buffers(const int32_t* parents, const int32_t* depth, int64_t n, const int64_t* offsets, int64_t b,
-                        int32_t* positions, uint64_t* masks, int32_t path_width, int32_t* paths, int32_t* tree_index);
-
 }  // namespace sssd

@@ -3,7 +3,7 @@
 The package follows the architecture (see each subpackage's docstring for what it owns and may import):
 
 - ``sssd.datastore``  suffix-array datastore: file format, build, open, search (numpy only)
-- ``sssd.drafter``    retrieval drafter, calibration, budget allocation, tree buffers (numpy only)
+- ``sssd.drafter``    retrieval drafter, calibration, budget allocation (numpy only)
 - ``sssd.engine``     continuous-batching engine, model adapter, KV cache, verification (torch)
 - ``sssd.kernels``    CUDA tree attention and KV commit wrappers and their references (torch)
 - ``sssd.policy``     cost model, adaptive and SLO-aware budget policy, admission, profiling
@@ -34,7 +34,7 @@ from sssd.datastore import (
     build_datastore,
     tokenizer_fingerprint,
 )
-from sssd.drafter import DraftBatch, Drafter, DrafterConfig, TreeBuffers, UnknownRequestError, tree_buffers
+from sssd.drafter import DraftBatch, Drafter, DrafterConfig, UnknownRequestError
 from sssd.evaluation import SimulationResult, simulate
 from sssd.kernels.tree_attention import cuda_available, has_cuda
 
@@ -90,7 +90,6 @@ __all__ = [
     "SimulationResult",
     "StreamEvent",
     "TokenizerMismatchError",
-    "TreeBuffers",
     "UnknownRequestError",
     "build_datastore",
     "cuda_available",
@@ -99,5 +98,4 @@ __all__ = [
     "max_threads",
     "simulate",
     "tokenizer_fingerprint",
-    "tree_buffers",
 ]

@@ -72,19 +72,6 @@ def specinfer_node(
 
 
 # -- whole trees (references; the tests drive them with many random draws) ---------------------------
-def verify_greedy(tokens: np.ndarray, parents: np.ndarray, argmax: np.ndarray) -> tuple[np.ndarray, int]:
-    """Follow the child equal to the LLM's argmax at each node; stop at the first miss.
-
-    tokens, parents: ``[n]``; argmax: ``[n]`` the LLM's greedy token after each node.
-    """
-    index = child_index(tokens, parents)
-    node, path = 0, [0]
-    while (nxt := index.get((node, int(argmax[node])))) is not None:
-        path.append(nxt)
-        node = nxt
-    return np.asarray(path, dtype=np.int64), int(argmax[node])
-
-
 def verify_sampling(
     tokens: np.ndarray, parents: np.ndarray, probs: np.ndarray, rng: np.random.Generator
 ) -> tuple[np.ndarray, int]:

@@ -41,22 +41,24 @@ import threading
 import time
 import weakref
 from collections import OrderedDict, deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from sssd.engine.adapter import ATTENTION_BACKENDS, ModelAdapter
+from sssd.engine.lifecycle import RequestsMixin, view_of
 from sssd.engine.policy_guard import PolicyGuard
 from sssd.engine.recovery import DrafterGuard, repair_batch
-from sssd.engine.requests import GenerationResult, Request, StreamEvent, as_prompt_ids
+from sssd.engine.requests import GenerationResult, Request, StreamEvent
 from sssd.engine.runs import RunsMixin
-from sssd.engine.sampling import SamplingParams, as_params, eos_defaults
+from sssd.engine.sampling import eos_defaults
 from sssd.engine.static_step import pow2_at_least
-from sssd.engine.threads import in_step, one_step_at_a_time
+from sssd.engine.stats import Budget, EngineStats, StepRecord
+from sssd.engine.threads import one_step_at_a_time
 from sssd.engine.trees import check_drafts, root_tree
 from sssd.engine.verify import verify_step
-from sssd.policy.interface import AdmitView, FixedBudget, StepTiming, StepView
+from sssd.policy.interface import FixedBudget, StepView
 
 log = logging.getLogger("sssd.engine")
 
@@ -112,27 +114,17 @@ class EngineConfig:
 
 
 @dataclass
-class EngineStats:
-    steps: int = 0
-    tokens: int = 0
-    accepted: int = 0
-    nodes: int = 0  # draft (non-root) nodes verified
-    draft_time: float = 0.0
-    forward_time: float = 0.0
-    verify_time: float = 0.0
-    prefill_time: float = 0.0
-    step_time: float = 0.0
-    drafter_errors: int = 0  # exceptions raised by the drafter (its requests drafted nothing meanwhile)
-    request_errors: int = 0  # requests finished with finish_reason="error" (their own input failed)
-    recovered: int = 0  # requests whose KV cache rows were rebuilt after a step was interrupted
-    policy_errors: int = 0  # policy hooks that raised or returned something malformed (see policy_guard)
-    compiles: int = 0  # shape buckets of the verification forward compiled or captured (EngineConfig.compile)
-    compile_time: float = 0.0  # seconds they took (not counted in the step and forward times)
-    # the most recent steps (EngineConfig.history_size of them); the totals above cover every step
-    history: deque[StepTiming] = field(default_factory=lambda: deque(maxlen=1024), repr=False)
+class Drafts:
+    """A step's trees: per request ``(tree, batch indices of its nodes)`` (a root alone where nothing is
+    drafted), the drafter's batch and the batch positions of the requests it drafted for."""
+
+    budget: Budget
+    trees: list  # [B] (sssd.engine.trees.Tree, int64 [n]) per request (None while being built)
+    batch: Any = None
+    drafting: list[int] = field(default_factory=list)
 
 
-class Engine(RunsMixin):
+class Engine(RequestsMixin, RunsMixin):
     def __init__(
         self, model: Any, tokenizer: Any = None, drafter: Any = None, config: EngineConfig | None = None
     ):
@@ -182,7 +174,6 @@ class Engine(RunsMixin):
         self._results: OrderedDict[int, GenerationResult] = OrderedDict()  # handed out: the most recent
         self._unreported: list[Request] = []  # retired by a step whose events did not reach the caller
         self._next_id = 0
-        self._view: StepView | None = None
         # threads (sssd.engine.threads): _lock guards the engine's state, a step holds it throughout
         self._lock = threading.RLock()
         self._stepper: int | None = None  # the thread that ran the latest step
@@ -191,185 +182,107 @@ class Engine(RunsMixin):
         self._watch: dict[int, GenerationResult | None] = {}  # generate/stream requests -> abort result
         self._watch_aborted: set[int] = set()  # those of them with an abort result
 
-    # -- requests ------------------------------------------------------------------------------------
-    def add_request(
-        self,
-        prompt: Any,
-        params: SamplingParams | None = None,
-        *,
-        budget: int | None = None,
-        **overrides: Any,
-    ) -> int:
-        """Queue a request (text or token ids); it joins the batch at the next step. Returns its id.
-        ``overrides``: SamplingParams fields (max_new_tokens, temperature, top_k, top_p, seed, stop, ...)."""
-        params = as_params(params, overrides)
-        ids = as_prompt_ids(prompt, self.tokenizer, self.vocab_size)
-        if len(ids) >= self.adapter.max_positions:
-            raise ValueError(
-                f"prompt of {len(ids)} tokens does not fit the model's context "
-                f"of {self.adapter.max_positions} tokens"
-            )
-        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
-            raise ValueError(f"budget must be an int >= 0, got {budget!r}")
-        if params.stop and self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer")
-        eos = self.default_eos if params.eos_token_ids is None else params.eos_token_ids
-        rid = next(self._ids)
-        self._next_id = max(self._next_id, rid + 1)  # ids handed out so far (a hint for messages)
-        req = Request(rid, ids, params, frozenset(eos), budget, self.adapter.max_positions, self.tokenizer)
-        self._inbox.append(req)  # never waits for a running step: the next one takes it
-        return rid
-
-    def has_unfinished(self) -> bool:
-        """True while a request is queued or running, or a finished one's final event was not handed out
-        yet (a step interrupted after finishing it): ``while engine.has_unfinished(): engine.step()``
-        delivers every event."""
-        return bool(self._inbox or self._waiting or self._active or self._unreported)
-
-    def result(self, rid: int) -> GenerationResult | None:
-        """The result of a finished request, taken (returned once): held until its final event is handed
-        out, then among the ``EngineConfig.kept_results`` most recent; None when unknown or released."""
-        with self._lock:
-            res = self._finished.pop(rid, None)
-            return res if res is not None else self._results.pop(rid, None)
-
-    def _take_inbox(self) -> None:
-        """Move requests added by any thread into the queue, in order. Safe to interrupt: a request that
-        was appended but not yet popped is recognized as the queue's last."""
-        inbox, waiting = self._inbox, self._waiting
-        while inbox:
-            req = inbox[0]
-            if not (waiting and waiting[-1] is req):
-                waiting.append(req)
-            inbox.popleft()
-
-    def _admit(self) -> float:
-        """Admit waiting requests into free slots (prefill their prompts). Who joins is the policy's
-        ``admit(AdmitView)`` when it has one (FIFO otherwise; an empty batch always takes one request).
-        Returns the seconds spent, which the running requests waited."""
-        free = self.config.max_batch_size - len(self._active)
-        if not self._waiting or free <= 0:
-            return 0.0
-        chosen = self._admission(free)
-        t_start = time.perf_counter()
-        for req in chosen:
-            t0 = time.perf_counter()
-            slot = self.adapter.cache.add(req.rid)
-            self._active.append(req)
-            self._waiting.remove(req)  # only now: an interrupt before this leaves it queued, not lost
-            self.adapter.prefill(slot, req.prompt[:-1])  # the last prompt token is the first step's root
-            if self._guard is not None:
-                self._guard.add(req)
-            req.stats.prefill_time = time.perf_counter() - t0
-            self.stats.prefill_time += req.stats.prefill_time
-        if not chosen:
-            return 0.0
-        self.adapter.synchronize()  # GPU: the prefills' time, not their launch time
-        return time.perf_counter() - t_start
-
-    def _admission(self, free: int) -> list[Request]:
-        waiting = list(self._waiting)
-        if not self._policy.has("admit"):
-            return waiting[:free]
-        reqs = self._active
-        view = AdmitView(
-            [r.rid for r in waiting],
-            [len(r.prompt) for r in waiting],
-            [r.remaining for r in waiting],
-            StepView([r.rid for r in reqs], [r.context_len for r in reqs], [r.remaining for r in reqs],
-                     [r.budget for r in reqs]),
-            free,
-        )  # fmt: skip
-        by_id = {r.rid: r for r in waiting}
-        chosen = [by_id[rid] for rid in dict.fromkeys(self._policy.admit(view))][:free]
-        if not chosen and not reqs:
-            chosen = waiting[:1]  # an empty batch always makes progress
-        return chosen
-
     # -- one step ------------------------------------------------------------------------------------
-    def _plan(self) -> int | list[int]:
-        reqs = self._active
-        view = StepView(
-            [r.rid for r in reqs],
-            [r.context_len for r in reqs],
-            [r.remaining for r in reqs],
-            [r.budget for r in reqs],
-        )
-        self._view = view
-        plan = self._policy.plan(view) if self.drafter is not None else 0  # checked: int or one per request
-        if any(r.budget is not None for r in reqs):  # own budgets override the plan
-            share = plan if isinstance(plan, list) else [int(plan) // len(reqs)] * len(reqs)
-            plan = [r.budget if r.budget is not None else s for r, s in zip(reqs, share, strict=True)]
-        return plan if isinstance(plan, list) else int(plan)
-
     @one_step_at_a_time
     def step(self) -> list[StreamEvent]:
         """Run one step for every active request (admitting waiting ones first). Returns the events.
 
         Anything that escapes a step (an exception, ``KeyboardInterrupt``) leaves the engine resumable: the
         next step first repairs the batch from the requests' tokens (see ``sssd.engine.recovery``)."""
-        recovered, finished = self._recover()  # requests an interrupted step finished
-        stall = self._admit()
-        reqs = self._active
+        final_events, unreported = self._recover()  # of requests an interrupted step finished
+        prefill_s = self._admit()
+        reqs = list(self._active)
         if not reqs:
-            return self._hand_out(finished, recovered)
+            return self._hand_out(unreported, final_events)
         t0 = time.perf_counter()
-        plan = self._plan()
-        stepped = list(reqs)  # _retire removes finished ones from the batch
-        rids = [r.rid for r in reqs]
-        trees, batch, drafted = self._draft(reqs, plan)
-        t1 = time.perf_counter()
+        view = view_of(reqs)
+        drafts = self._draft(reqs, view, self._plan(reqs, view))
+        trees = [tree for tree, _ in drafts.trees]
         context_tokens = int(self.adapter.cache.lengths.sum())
-        output = self.adapter.forward_trees([t for t, _ in trees])
+        t1 = time.perf_counter()
+        output = self.adapter.forward_trees(trees)
         self.adapter.synchronize()  # GPU: the forward's time, not its launch time (verify waits anyway)
-        compiling = self._compile_time()
-        t0 += compiling  # a bucket compiled in this step: its seconds are reported apart from the step's
-        t1 += compiling
         t2 = time.perf_counter()
-        paths, bonus = verify_step(output, trees, reqs)  # checked draft distributions ride on the trees
+        paths, next_tokens = verify_step(output, drafts.trees, reqs)
         self.adapter.commit(paths)
-        events, accepted = [], []
-        for req, (tree, _), path, b in zip(reqs, trees, paths, bonus, strict=True):
-            a = len(path) - 1
-            accepted.append(a)
-            kept = self._append(req, [*tree.tokens[path[1:]].tolist(), b])
-            st = req.stats
-            st.steps += 1
-            st.accepted += a
-            st.draft_nodes += len(tree.tokens) - 1
-            st.draft_time += t1 - t0
-            st.forward_time += t2 - t1
+        events = self._advance(reqs, drafts, paths, next_tokens)
+        events = final_events + self._retire(events)
+        t3 = time.perf_counter()
+        compiling, head_s = self._compile_time(), output.head_s  # compilation is not the step's time
+        record = StepRecord(
+            reqs, drafts.budget, [len(t.tokens) - 1 for t in trees], [len(p) - 1 for p in paths],
+            sum(len(e.tokens) for e in events), context_tokens,
+            t1 - t0, t2 - t1 - compiling + head_s, t3 - t2 - head_s, prefill_s,
+        )  # fmt: skip
+        self._policy.observe(self.stats.record(record))
+        self._count_errors()
+        return self._hand_out(unreported + reqs, events)
+
+    def _plan(self, reqs: list[Request], view: StepView) -> Budget:
+        """The policy's plan for the step (checked), with the requests' own budgets overriding it."""
+        plan = self._policy.plan(view) if self.drafter is not None else 0
+        return Budget.of(plan, [r.budget for r in reqs])
+
+    def _draft(self, reqs: list[Request], view: StepView, budget: Budget) -> Drafts:
+        """The step's trees: the drafter's (checked and cut to the budget, ``sssd.engine.trees``) for the
+        requests whose drafter state matches their tokens, roots alone for the others. A failing drafter
+        costs the step its speculation, not its tokens; a malformed tree costs its own request's only."""
+        drafts = Drafts(budget, [None] * len(reqs))
+        if self._guard is not None and budget.total > 0:
+            self._guard.sync(reqs)
+            drafting = [i for i, r in enumerate(reqs) if r.drafter_tokens == r.context_len]
+            if drafting:
+                self._propose(drafts, reqs, view, drafting)
+        for i, t in enumerate(drafts.trees):
+            if t is None:
+                drafts.trees[i] = (root_tree(reqs[i].last_token), np.zeros(1, np.int64))
+        return drafts
+
+    def _propose(self, drafts: Drafts, reqs: list[Request], view: StepView, drafting: list[int]) -> None:
+        """Ask the drafter for the trees of the requests ``drafting`` (batch positions) and check them."""
+        sub = [reqs[i] for i in drafting]
+        if len(sub) < len(reqs):
+            view = view_of(sub)
+        budget = drafts.budget.of_requests(drafting)
+        # optional policy hooks: extra propose arguments (SLO targets, the predicted step time) and the
+        # choice of how much of the proposed batch to keep (a batch budget only)
+        batch = self._guard.propose(sub, [r.rid for r in sub], budget, self._policy.propose_kwargs(view))
+        if batch is not None and drafts.budget.shared:
+            batch = self._policy.select(view, batch)
+        if batch is None:
+            return
+        try:
+            checked = check_drafts(batch, [r.last_token for r in sub], self.vocab_size,
+                                   [r.remaining - 1 for r in sub], budget,
+                                   [not r.params.greedy for r in sub])  # fmt: skip
+        except Exception as e:  # a batch that cannot be split into trees (MalformedDraftError): the drafter's
+            self._guard.failed("propose", e, sub)
+            return
+        for j, i in enumerate(drafting):
+            if checked.trees[j] is None:
+                self._guard.refused(sub[j], checked.errors[j])
+            else:
+                drafts.trees[i] = checked.trees[j]
+        if checked.cut:
+            self._guard.over_budget(checked.cut, checked.proposed, budget)
+        drafts.batch, drafts.drafting = batch, drafting
+
+    def _advance(self, reqs: list[Request], drafts: Drafts, paths: list, next_tokens: list[int]) -> list:
+        """Append each request's accepted tokens and the model's own next token, tell the drafter, and
+        build the events (the tokens not handed out yet: an interrupted step's too)."""
+        events = []
+        for req, (tree, _), path, token in zip(reqs, drafts.trees, paths, next_tokens, strict=True):
+            new_tokens = self._append(req, [*tree.tokens[path[1:]].tolist(), token])
             if self._guard is not None and not req.finish_reason:
-                self._guard.extend(req, kept)
-            new = req.output[req.emitted :]  # with the tokens of an interrupted step, if any
+                self._guard.extend(req, new_tokens)
+            new = req.output[req.emitted :]
             events.append(
                 StreamEvent(req.rid, new, req.peek_text(), req.finish_reason is not None, req.finish_reason)
             )
-        if batch is not None:
-            self._guard.observe([rids[i] for i in drafted], batch, [accepted[i] for i in drafted])
-        events = recovered + self._retire(events)
-        t3 = time.perf_counter()
-        for req in reqs:
-            req.stats.step_time += t3 - t0
-        nodes = sum(len(t.tokens) for t, _ in trees)
-        timing = StepTiming(
-            len(rids), plan if isinstance(plan, int) else tuple(plan), nodes, context_tokens, tuple(accepted),
-            t1 - t0, t2 - t1, t3 - t2, t3 - t0, stall,
-        )  # fmt: skip
-        s = self.stats
-        s.steps += 1
-        s.tokens += sum(len(e.tokens) for e in events)
-        s.accepted += sum(accepted)
-        s.nodes += nodes - len(rids)
-        s.draft_time += t1 - t0
-        s.forward_time += t2 - t1
-        s.verify_time += t3 - t2
-        s.step_time += t3 - t0
-        s.drafter_errors = self._guard.error_count if self._guard is not None else 0
-        s.history.append(timing)
-        self._policy.observe(timing)
-        s.policy_errors = self._policy.error_count
-        return self._hand_out(finished + stepped, events)
+        if drafts.batch is not None:  # online calibration of the drafter
+            accepted = [len(paths[i]) - 1 for i in drafts.drafting]
+            self._guard.observe([reqs[i].rid for i in drafts.drafting], drafts.batch, accepted)
+        return events
 
     def _compile_time(self) -> float:
         """Seconds the last forward spent compiling a shape bucket (added to ``EngineStats``)."""
@@ -379,54 +292,9 @@ class Engine(RunsMixin):
         self.stats.compiles, self.stats.compile_time = static.compiles, static.compile_time
         return static.last_compile_time
 
-    def _draft(self, reqs: list[Request], plan: int | list[int]) -> tuple[list, Any, list[int]]:
-        """The step's trees (one per request, roots only where nothing is drafted), the drafter's batch
-        (or None) and the indexes of the requests it covers. Requests whose drafter state is out of sync
-        with their tokens draft nothing; a failing drafter costs the step its speculation, not its tokens;
-        what it returns is checked and cut to the budget (``sssd.engine.trees``), a malformed tree costs
-        its own request's speculation only."""
-        last = [r.last_token for r in reqs]
-        idx: list[int] = []
-        if self._guard is not None and (plan if isinstance(plan, int) else sum(plan)) > 0:
-            self._guard.sync(reqs)
-            idx = [i for i, r in enumerate(reqs) if r.drafted == r.context_len]
-        trees: list[Any] = [None] * len(reqs)
-        batch = None
-        if idx:
-            sub = [reqs[i] for i in idx]
-            view = self._view if len(idx) == len(reqs) else _view_of(sub)
-            budget = plan if isinstance(plan, int) else [plan[i] for i in idx]
-            # optional hooks of the budget policy: extra propose arguments (SLO targets and the predicted
-            # step time) and the choice of how much of the proposed batch to keep
-            kwargs = self._policy.propose_kwargs(view)
-            batch = self._guard.propose(sub, [r.rid for r in sub], budget, kwargs)
-            if batch is not None and isinstance(plan, int):  # a global budget: the policy may cut it
-                batch = self._policy.select(view, batch)
-            if batch is not None and not self._checked(batch, sub, budget, trees, idx):
-                batch, idx = None, []
-        for i, t in enumerate(trees):
-            if t is None:
-                trees[i] = (root_tree(last[i]), np.zeros(1, np.int64))
-        return trees, batch, idx
-
-    def _checked(self, batch: Any, sub: list[Request], budget: Any, trees: list, idx: list[int]) -> bool:
-        """Check the drafter's ``batch`` for the requests ``sub`` (``trees[idx[j]]`` gets request ``j``'s
-        tree, unless refused); False when the whole batch is refused."""
-        try:
-            got = check_drafts(batch, [r.last_token for r in sub], self.vocab_size,
-                               [r.remaining - 1 for r in sub], budget,
-                               [not r.params.greedy for r in sub])  # fmt: skip
-        except Exception as e:  # a batch that cannot be split into trees: the drafter's fault
-            self._guard._failed("propose", e, sub)
-            return False
-        for j, i in enumerate(idx):
-            if got.trees[j] is None:
-                self._guard.refused(sub[j], got.errors[j])
-            else:
-                trees[i] = got.trees[j]
-        if got.cut:
-            self._guard.over_budget(got.cut, got.proposed, budget)
-        return True
+    def _count_errors(self) -> None:
+        self.stats.drafter_errors = self._guard.error_count if self._guard is not None else 0
+        self.stats.policy_errors = self._policy.error_count
 
     def _append(self, req: Request, tokens: list[int]) -> list[int]:
         """``req.append``; a request whose own input fails there (its tokenizer's decode raises) finishes
@@ -471,7 +339,7 @@ class Engine(RunsMixin):
             running = {r.rid for r in active}
             if any(r.rid in running for r in self._waiting):
                 self._waiting = deque(r for r in self._waiting if r.rid not in running)
-        self.stats.recovered += repair_batch(self.adapter, active)
+        self.stats.repaired += repair_batch(self.adapter, active)
         for req in active:
             req.recheck_finished()
         if any(r.finish_reason for r in active):  # an interrupted retirement
@@ -503,85 +371,6 @@ class Engine(RunsMixin):
             self._unreported.append(req)  # until its final event is handed out
             self._release(slot)
         return out
-
-    def _release(self, slot: int) -> None:
-        """Free a request's slot: its drafter and policy state, its cache rows (the last slot moves here)."""
-        req = self._active[slot]
-        if self._guard is not None:
-            self._guard.remove(req)
-        self._policy.remove_request(req.rid)  # per-request state of the budget policy
-        moved = self.adapter.cache.remove(slot)
-        # one statement each: an interrupt leaves the batch as it was or as it should be, never with the
-        # moved request in two slots (an interrupt between a copy and a pop once ran a request twice)
-        if moved is None:
-            del self._active[slot]
-        else:
-            self._active[slot:] = [self._active[moved], *self._active[slot + 1 : moved]]
-
-    def abort(self, rid: int) -> GenerationResult:
-        """Stop a request, queued or running: its slot, cache rows and drafter state are freed at once.
-        Returns its partial result with ``finish_reason="abort"`` (tokens and text generated so far). A
-        request that already finished keeps its result, which is returned (and no longer kept). Raises
-        ``KeyError`` for an id this engine does not know (or whose result was released).
-
-        Safe from any thread: while another thread runs a step, this waits for the step to end. Called
-        from inside a step (a policy or drafter callback, a ``stream()`` collected mid-step), the abort
-        takes effect before the next step and the result is the request's state now."""
-        with self._lock:
-            if in_step(threading.get_ident()):  # called from inside this thread's own step
-                return self._abort_later(rid)
-            self._take_inbox()
-            return self._abort_now(rid)
-
-    def _abort_now(self, rid: int) -> GenerationResult:
-        for req in self._waiting:
-            if req.rid == rid:
-                self._waiting.remove(req)
-                self._policy.remove_request(rid)  # e.g. an SLO target set while it waited
-                return self._aborted(req)
-        for slot, req in enumerate(self._active):
-            if req.rid == rid:
-                self._release(slot)
-                return self._aborted(req)
-        res = self._finished.pop(rid, None) or self._results.pop(rid, None)
-        if res is not None:
-            return res
-        known = isinstance(rid, int) and 0 <= rid < self._next_id
-        what = "finished and its result was taken or released" if known else "not known to this engine"
-        raise KeyError(f"request id {rid!r}: {what} (not queued, running or holding a result)")
-
-    def _abort_later(self, rid: int) -> GenerationResult:
-        for req in (*self._inbox, *self._waiting, *self._active):
-            if req.rid == rid and not req.finish_reason:
-                self._deferred_aborts.append(rid)
-                return replace(req.result(), finish_reason="abort")
-        return self._abort_now(rid)  # finished (or unknown): nothing in the batch changes
-
-    def _apply_deferred_aborts(self) -> None:
-        while self._deferred_aborts:
-            try:
-                self._abort_now(self._deferred_aborts[0])
-            except KeyError:  # finished meanwhile (its result stays), or an interrupted earlier try
-                pass
-            self._deferred_aborts.popleft()
-
-    def _aborted(self, req: Request) -> GenerationResult:
-        req.finish_reason = "abort"
-        req.finish_text()
-        res = req.result()
-        if req.rid in self._watch:  # a generate() / stream() waits for it: it gets the result too
-            self._watch[req.rid] = res
-            self._watch_aborted.add(req.rid)
-        return res
-
-
-def _view_of(reqs: list[Request]) -> StepView:
-    return StepView(
-        [r.rid for r in reqs],
-        [r.context_len for r in reqs],
-        [r.remaining for r in reqs],
-        [r.budget for r in reqs],
-    )
 
 
 def _bind(drafter: Any, engine: Engine) -> None:

@@ -106,7 +106,7 @@ class Request:
     _text_done: bool = False
     _stop_len: int = 0
     emitted: int = 0  # output tokens handed out in StreamEvents
-    drafted: int = -1  # tokens of this request the drafter holds (-1: none / unknown; see engine.recovery)
+    drafter_tokens: int = -1  # tokens of this request the drafter holds (-1: none / unknown; engine.recovery)
     draft_failures: int = 0
     draft_retry: int = 0  # the drafter step from which its drafter state may be rebuilt again
     error: str | None = None
@@ -139,7 +139,7 @@ class Request:
     def append(self, new: list[int]) -> list[int]:
         """Add a step's tokens; applies stop strings, EOS, max_new_tokens and the context limit (tokens
         after the one that finishes the request are dropped). Returns the tokens kept. With a tokenizer the
-        text grows incrementally (``take_text`` hands out what is new)."""
+        text grows incrementally (``peek_text`` gives what is new since ``handed_out``)."""
         kept: list[int] = []
         for t in new:
             kept.append(int(t))
@@ -205,12 +205,6 @@ class Request:
         if len(self._new_text) > 1:
             self._new_text[:] = ["".join(self._new_text)]
         return self._new_text[0] if self._new_text else ""
-
-    def take_text(self) -> str:
-        """The text added since the last call."""
-        out = self.peek_text()
-        self._new_text.clear()
-        return out
 
     def handed_out(self) -> None:
         """The tokens and text so far reached the caller (in a StreamEvent)."""

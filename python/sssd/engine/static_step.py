@@ -51,6 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from sssd.engine.attention import _SDPA_GQA
+from sssd.engine.masks import padded_ancestors
 
 MODES = ("static", "inductor", "cudagraph")
 MIN_ROWS = 128  # the smallest rows bucket: short contexts share a graph
@@ -198,13 +199,11 @@ class StaticStep:
         com = np.zeros(s, np.int64)
         com[: len(trees)] = committed
         pos[:] = com[:, None]
-        anc = np.zeros((s, n, n), bool)
-        anc[:, np.arange(n), np.arange(n)] = True
         for b, t in enumerate(trees):
             k = len(t.tokens)
             ids[b, :k] = t.tokens
             pos[b, :k] += t.depth
-            anc[b, :k, :k] = ancestor_matrix(t.parents, t.depth)
+        anc = padded_ancestors(trees, s, n)
         host = {"input_ids": ids.reshape(1, -1), "position_ids": pos.reshape(1, -1), "committed": com,
                 "ancestors": anc}  # fmt: skip
         bufs = self._buffers.get(bucket)
@@ -341,20 +340,6 @@ def _bucket_function(mode: str, device_type: str, bucket: Bucket):
     if mode.startswith("backend:"):
         return torch.compile(fn, fullgraph=True, dynamic=False, backend=mode.split(":", 1)[1])
     return fn
-
-
-def ancestor_matrix(parents: np.ndarray, depth: np.ndarray) -> np.ndarray:
-    """bool ``[n, n]``: ``m[i, j]`` is True when node ``j`` is node ``i`` or one of its ancestors
-    (``parents[i] < i``, -1 for the root; ``depth`` = parent's + 1). Built one depth level at a time."""
-    parents = np.asarray(parents, dtype=np.int64)
-    n = len(parents)
-    m = np.eye(n, dtype=bool)
-    if n <= 1:
-        return m
-    for d in range(1, int(depth.max()) + 1):
-        level = np.nonzero(depth == d)[0]
-        m[level] |= m[parents[level]]
-    return m
 
 
 def _first_line(err: BaseException) -> str:

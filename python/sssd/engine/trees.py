@@ -28,7 +28,26 @@ from typing import Any
 
 import numpy as np
 
-from sssd.engine.adapter import Tree
+
+@dataclass(frozen=True)
+class Tree:
+    """One request's part of a forward, nodes in topological order (parents first): stored after the
+    request's committed cache rows, in this order. Masks and kernel metadata: ``sssd.engine.masks``."""
+
+    tokens: np.ndarray  # [n] token ids; node 0 = root (the request's last context token)
+    parents: np.ndarray  # [n] parent index within the tree (< own index), -1 for the root
+    depth: np.ndarray  # [n] root = 0, the parent's + 1 elsewhere
+
+
+def root_tree(token: int) -> Tree:
+    """A tree of the root alone: a plain decoding step."""
+    return Tree(np.array([token], np.int64), np.array([-1], np.int64), np.array([0], np.int64))
+
+
+def chain_tree(tokens: np.ndarray) -> Tree:
+    """The tokens as one path (a prefill chunk)."""
+    n = len(tokens)
+    return Tree(np.asarray(tokens, np.int64), np.arange(-1, n - 1), np.arange(n))
 
 
 class MalformedDraftError(ValueError):
@@ -52,10 +71,6 @@ class CheckedDrafts:
     errors: list[str | None]
     cut: int  # drafted nodes dropped to fit the budget (0 for a drafter that honours it)
     proposed: int  # drafted (non-root) nodes the batch held
-
-
-def root_tree(token: int) -> Tree:
-    return Tree(np.array([token], np.int64), np.array([-1], np.int64), np.array([0], np.int64))
 
 
 def _field(batch: Any, name: str, n: int | None) -> np.ndarray:
