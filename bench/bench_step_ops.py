@@ -28,6 +28,31 @@ from pathlib import Path
 import numpy as np
 
 FORWARD = "sssd_verification_forward"
+# aten ops that only make views or allocate (no kernel does work): counted apart from the ops that compute
+METADATA = {
+    "aten::view", "aten::_unsafe_view", "aten::as_strided", "aten::_reshape_alias", "aten::reshape",
+    "aten::unsqueeze", "aten::squeeze", "aten::transpose", "aten::t", "aten::permute", "aten::expand",
+    "aten::slice", "aten::select", "aten::narrow", "aten::split", "aten::chunk", "aten::unflatten",
+    "aten::alias", "aten::detach", "aten::lift_fresh", "aten::resolve_conj", "aten::resolve_neg",
+    "aten::empty", "aten::empty_strided", "aten::empty_like", "aten::result_type", "aten::view_as",
+    "aten::to", "aten::_to_copy", "aten::contiguous", "aten::clone", "aten::flatten", "aten::expand_as",
+}  # fmt: skip
+
+
+def _work(ev) -> bool:
+    return ev.name.startswith("aten::") and ev.name not in METADATA
+
+
+def _launches(ev) -> bool:
+    """An aten op that does work itself: no op below it does (composite ops like linear are not
+    counted, the mm they call is; views and allocations below an op do not count as work)."""
+    stack = list(ev.cpu_children)
+    while stack:
+        c = stack.pop()
+        if _work(c):
+            return False
+        stack.extend(c.cpu_children)
+    return True
 
 
 def parse_args():
@@ -100,15 +125,15 @@ def mark_forwards() -> None:
 
 
 def count_ops(engine, cuda: bool) -> dict:
-    """Profile one step: aten ops that launch work (no aten op below them), inside and outside the
-    forward; compiled regions; CUDA kernel and graph launches."""
+    """Profile one step: aten ops that launch work (no aten op below them, views and allocations counted
+    apart), inside and outside the forward; compiled regions; CUDA kernel and graph launches."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=acts) as prof:
         engine.step()
-    inside = outside = regions = kernels = graphs = 0
+    inside = outside = views = regions = kernels = graphs = 0
     for ev in prof.events():
         name = ev.name
         if name.startswith("Torch-Compiled Region"):
@@ -117,7 +142,12 @@ def count_ops(engine, cuda: bool) -> dict:
             kernels += 1
         elif name in ("cudaGraphLaunch", "cuGraphLaunch"):
             graphs += 1
-        if not name.startswith("aten::") or any(c.name.startswith("aten::") for c in ev.cpu_children):
+        if not name.startswith("aten::"):
+            continue
+        if not _work(ev):
+            views += not any(c.name.startswith("aten::") for c in ev.cpu_children)
+            continue
+        if not _launches(ev):
             continue
         parent, within = ev.cpu_parent, False
         while parent is not None and not within:
@@ -128,6 +158,7 @@ def count_ops(engine, cuda: bool) -> dict:
     return dict(
         ops_inside=inside,
         ops_outside=outside,
+        view_ops=views,
         compiled_regions=regions,
         cuda_kernel_launches=kernels,
         cuda_graph_launches=graphs,
@@ -205,7 +236,7 @@ def report(args, rows, cuda: bool) -> None:
         f"\n{args.model} model ({args.layers} layers if random), {args.dtype}, {dev}; prompt {args.prompt}, "
         f"medians of {args.rounds} x {args.steps} steps per row, configurations interleaved"
     )
-    cols = "| batch | budget | mode | aten ops in forward | ops outside | compiled regions |"
+    cols = "| batch | budget | mode | aten ops in forward | ops outside | views, allocs | compiled regions |"
     cols += " CUDA kernels | CUDA graphs |" if cuda else ""
     print(cols + " step ms | forward ms | outside ms | vs eager | compile s |")
     print("|" + "---|" * (cols.count("|") + 4))
@@ -215,7 +246,7 @@ def report(args, rows, cuda: bool) -> None:
         ratio = f"{speed / r['step_ms']:.2f}x" if speed else ""
         line = (
             f"| {r['batch']} | {r['budget']} | {r['mode']} | {r['ops_inside']} | {r['ops_outside']} | "
-            f"{r['compiled_regions']} |"
+            f"{r['view_ops']} | {r['compiled_regions']} |"
         )
         if cuda:
             line += f" {r['cuda_kernel_launches']} | {r['cuda_graph_launches']} |"
@@ -224,8 +255,9 @@ def report(args, rows, cuda: bool) -> None:
             f"{r['compile_s']:.1f} |"
         )
     print(
-        "vs eager: eager step time / this step time (same batch and budget); outside = draft + head + "
-        "verification + commit + bookkeeping"
+        "ops: aten ops that launch work (views and allocations apart); vs eager: eager step time / this step "
+        "time (same batch and budget); forward = the verification forward + the output head; outside = "
+        "draft + verification + commit + bookkeeping"
     )
 
 
