@@ -80,6 +80,7 @@ sssd::DrafterParams drafter_params(const py::dict& d) {
   p.ds_max_depth = r.i32("ds_max_depth", p.ds_max_depth);
   p.fusion.min_f = r.real("min_f", p.fusion.min_f);
   p.pool_max_tokens = r.i64("pool_max_tokens", p.pool_max_tokens);
+  p.threads = r.i32("threads", p.threads);
   const int64_t vocab = r.i64("vocab_size", static_cast<int64_t>(p.vocab_size));
   if (vocab < 0 || static_cast<uint64_t>(vocab) > sssd::kMaxVocab) {
     throw py::value_error("vocab_size must be in [0, 2^31], got " + std::to_string(vocab));

@@ -36,10 +36,13 @@ struct DrafterParams {
   int32_t max_depth = 8, max_width = 0, max_tree_nodes = 127;
   int32_t ds_max_depth = 0;  // continuation tokens read per datastore occurrence (0: max_depth)
   int64_t pool_max_tokens = 1 << 20;
+  // Threads of propose's parallel region over requests (0: the OpenMP default; 1: no region at all).
+  int32_t threads = 0;
   // Token ids must be < vocab_size when > 0 (the model's vocabulary). A datastore may have a smaller
   // vocabulary: tokens past it never match there (OutOfVocab::kNoMatch); the other sources draft them.
   uint64_t vocab_size = 0;
 };
+constexpr int32_t kMaxThreads = 1024;  // DrafterParams::threads above this is a mistake, not a machine
 void validate_drafter_params(const DrafterParams& p);  // throws std::invalid_argument
 
 // Flat output of propose(): N nodes (roots included), B trees. Shapes in comments.

@@ -16,14 +16,6 @@ The public API is re-exported here as ``sssd.X``; the datastore and the drafter 
 engine's names (``sssd.Engine`` ...) import torch and transformers on first use.
 """
 
-import os
-
-# Idle OpenMP threads spin ("active" wait) for a while after each parallel region. The drafter runs one
-# short parallel region per decoding step next to a busy Python/torch thread; on a loaded 2-core machine
-# the spinning threads steal the CPU and each region stalled ~20 ms. Passive waiting sleeps instead. This
-# must be set before the OpenMP runtime starts, i.e. before importing _core; a user's setting wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "passive")
-
 from sssd._core import DatastoreError, has_openmp, max_threads
 from sssd.datastore import (
     Datastore,

@@ -4,7 +4,9 @@ Each command module defines ``NAME``, ``add_arguments(parser)`` and ``run(args) 
 is its ``--help`` description. A command imports torch inside ``run``, so ``sssd --help`` and the
 commands without torch work on a minimal install. How errors end a command: ``sssd.cli.errors``.
 
-May import every other sssd subpackage (it is the top of the stack); nothing imports it.
+Imports: ``sssd.datastore``, ``sssd.drafter``, ``sssd.engine``, ``sssd.policy``, ``sssd.evaluation``,
+``sssd.models``, ``sssd.data``, ``sssd.fileio`` and ``sssd._core`` (it is the top of the stack; it may import
+any subpackage). Nothing imports it.
 """
 
 from __future__ import annotations

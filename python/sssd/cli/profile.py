@@ -118,7 +118,9 @@ def run(args: argparse.Namespace) -> int:
     say = lambda msg: print(msg, flush=True)  # noqa: E731
     t0 = time.perf_counter()
     with torch.inference_mode():
-        fwd = prof.profile_forward(model, grid, seed=args.seed, progress=say)
+        fwd = prof.profile_forward(
+            engine_factory(model), int(model.config.vocab_size), grid, seed=args.seed, progress=say
+        )
     make_drafter = _drafter_factory(args)
     drafting = prof.profile_drafting(make_drafter, _contexts(args.pairs), grid, progress=say)
     meta = prof.machine_meta(name)
@@ -129,6 +131,17 @@ def run(args: argparse.Namespace) -> int:
     print(f"forward fit: median relative error {100 * prof.fit_error(cm, fwd):.1f}% on {len(fwd)} steps")
     print(f"wrote {args.output} in {time.perf_counter() - t0:.1f} s")
     return 0
+
+
+def engine_factory(model):
+    """``profile_forward``'s ``make_engine``: an sssd Engine over ``model`` per grid point."""
+    from sssd.engine.engine import Engine, EngineConfig
+
+    def make_engine(drafter, policy, max_batch_size: int, cache_rows: int) -> Engine:
+        config = EngineConfig(policy=policy, max_batch_size=max_batch_size, initial_cache_rows=cache_rows)
+        return Engine(model, drafter=drafter, config=config)
+
+    return make_engine
 
 
 def _drafter_factory(args):

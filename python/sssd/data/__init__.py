@@ -4,6 +4,8 @@
 SmolLM2-135M-Instruct's own greedy outputs on other prompts, in the SmolLM2 vocabulary (49,152 tokens).
 ``demo_prompts.json``: six chat and code prompts (MT-Bench and HumanEval items of the development set,
 none of them among the corpus's prompts). Regenerate both with ``tools/make_sample_corpus.py``.
+
+Imports: numpy. Nothing of sssd.
 """
 
 from __future__ import annotations

@@ -11,10 +11,11 @@ sampled with draft distributions), ``model_calibration.py`` (its online score ta
 (``MergedDrafter``: several drafters' trees merged into one per request) and ``assemble.py`` (best-first
 selection over candidate nodes and packing into a ``DraftBatch``, numpy only).
 
-May import: ``sssd.datastore``, ``sssd._core``, ``sssd.fileio`` and numpy. Never the policy; never the
-engine or torch, with one exception: ``model.py`` imports ``sssd.engine`` (the ``ModelAdapter`` and
-``KVCache`` that run the draft model: no forked modeling code) and torch. It is imported lazily
-(``sssd.ModelDrafter``), so ``import sssd.drafter`` still needs only numpy.
+Imports: ``sssd.datastore``, ``sssd._core``, ``sssd.checks``, ``sssd.fileio`` and numpy; and
+``sssd.engine`` with torch, for the model drafter: it runs its draft model through the engine's
+``ModelAdapter`` and KV cache (no forked modeling code), so the engine never imports a drafter (it
+duck-types them). ``model.py`` is imported lazily (``sssd.ModelDrafter``): ``import sssd.drafter`` needs
+only numpy. Never the policy.
 """
 
 from sssd.drafter.retrieval import DraftBatch, Drafter, DrafterConfig, UnknownRequestError

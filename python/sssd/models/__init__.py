@@ -7,5 +7,5 @@ Hugging Face directory (``$SSSD_CACHE_DIR``, default ``~/.cache/sssd``) and read
 saves model directories atomically; ``tuning`` fine-tunes drafts on the target's outputs (distillation,
 boosting over several drafts) and measures their top-1 agreement (``sssd tune-drafter``).
 
-May import: numpy; torch and transformers (lazily, inside functions); ``sssd.fileio``. Nothing else in sssd.
+Imports: numpy; torch and transformers (lazily, inside functions). Nothing of sssd.
 """
