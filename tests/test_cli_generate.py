@@ -26,7 +26,7 @@ def test_read_prompts_jsonl_and_text(tmp_path):
 @pytest.mark.parametrize(
     "content,match",
     [
-        ("not json\n", "not JSON"),
+        ("not json\n", "not valid JSON"),
         ("[1, 2]\n", "JSON object"),
         ('{"x": 1}\n', "prompt_ids"),
         ("\n", "no prompts"),

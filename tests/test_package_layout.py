@@ -20,12 +20,12 @@ ALLOWED = {
     "data": set(),
     "datastore": {"_core", "checks"},
     "kernels": {"_core", "_cuda"},
-    "models": set(),
+    "models": {"fileio"},
     "policy": {"checks", "fileio"},
     "engine": {"kernels", "policy"},
     "drafter": {"_core", "checks", "datastore", "engine", "fileio"},
-    "evaluation": {"drafter"},
-    "integrations": {"checks", "data", "datastore", "drafter", "models", "policy"},
+    "evaluation": {"drafter", "fileio"},
+    "integrations": {"checks", "data", "datastore", "drafter", "fileio", "models", "policy"},
     "cli": {"_core", "data", "datastore", "drafter", "engine", "evaluation", "fileio", "models", "policy"},
 }
 SHARED = {"_core", "_cuda", "checks", "fileio"}  # modules that import nothing of sssd
