@@ -178,6 +178,7 @@ class Engine(RequestsMixin, RunsMixin):
         self._lock = threading.RLock()
         self._stepper: int | None = None  # the thread that ran the latest step
         self._ids = itertools.count()  # next() is atomic: ids from any thread, no lock to leave held
+        self._abort_requests: dict[int, Any] = {}  # abort() of a thread waiting for a step: rid -> result
         self._deferred_aborts: deque[int] = deque()  # abort() from inside a step: applied before the next
         self._watch: dict[int, GenerationResult | None] = {}  # generate/stream requests -> abort result
         self._watch_aborted: set[int] = set()  # those of them with an abort result

@@ -137,14 +137,23 @@ class RequestsMixin:
         request that already finished keeps its result, which is returned (and no longer kept). Raises
         ``KeyError`` for an id this engine does not know (or whose result was released).
 
-        Safe from any thread: while another thread runs a step, this waits for the step to end. Called
-        from inside a step (a policy or drafter callback, a ``stream()`` collected mid-step), the abort
-        takes effect before the next step and the result is the request's state now."""
-        with self._lock:
+        Safe from any thread: while another thread runs a step, this waits for the step to end, and the
+        abort takes effect before the next step begins. Called from inside a step (a policy or drafter
+        callback, a ``stream()`` collected mid-step), the abort takes effect before the next step and the
+        result is the request's state now."""
+        if not self._lock.acquire(blocking=False):  # a step of another thread runs: it applies this abort
+            self._abort_requests.setdefault(rid, None)  # first thing at its end, whoever gets the lock next
+            self._lock.acquire()  # (a lock is not fair: the driving thread may step again before we wake)
+        try:
             if in_step(threading.get_ident()):  # called from inside this thread's own step
                 return self._abort_later(rid)
+            res = self._abort_requests.pop(rid, None)
+            if res is not None:  # applied by the step that took the lock before this thread did
+                return res
             self._take_inbox()
             return self._abort_now(rid)
+        finally:
+            self._lock.release()
 
     def _abort_now(self, rid: int) -> GenerationResult:
         for req in self._waiting:
@@ -171,6 +180,9 @@ class RequestsMixin:
         return self._abort_now(rid)  # finished (or unknown): nothing in the batch changes
 
     def _apply_deferred_aborts(self) -> None:
+        for rid, res in list(self._abort_requests.items()):  # abort() of another thread, waiting
+            if res is None and any(r.rid == rid for r in (*self._waiting, *self._active)):
+                self._abort_requests[rid] = self._abort_now(rid)
         while self._deferred_aborts:
             try:
                 self._abort_now(self._deferred_aborts[0])

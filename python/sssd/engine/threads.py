@@ -2,7 +2,9 @@
 
 One thread drives an engine (``step``, ``generate``, ``stream``). Any thread may call ``add_request``
 (it never waits: requests go to an inbox the next step takes), ``abort`` and ``result`` (they wait for a
-running step to end, at most one step) and ``has_unfinished``.
+running step to end, at most one step) and ``has_unfinished``. An ``abort`` that waits is applied by the
+next step before anything else (it registers first), so a driving thread that steps again at once cannot
+starve it: locks are not fair.
 
 ``engine._lock`` (re-entrant) guards the engine's state and a step holds it from start to end (taken
 here, given back by the step's last act, ``Engine._hand_out``, or here when the step raises). Whether a
