@@ -36,14 +36,15 @@ def long_output(pairs: Path, n: int, eos: int) -> list[int]:
 
 
 def run_request(tok, tokens: list[int], per_event: int, stop: tuple[str, ...]) -> np.ndarray:
-    """Seconds per event for the engine's Request (append + take_text)."""
+    """Seconds per event for the engine's Request (append, then the event's text as a step hands it out)."""
     params = SamplingParams(max_new_tokens=len(tokens) + 1, stop=stop)
     req = Request(0, np.array([1], dtype=np.int64), params, frozenset(), None, 10**9, tok)
     times = []
     for i in range(0, len(tokens), per_event):
         t0 = time.perf_counter()
         req.append(tokens[i : i + per_event])
-        req.take_text()
+        req.peek_text()
+        req.handed_out()
         times.append(time.perf_counter() - t0)
     return np.array(times)
 

@@ -85,10 +85,12 @@ def copy_bandwidth(torch):
 
 
 def make_batch(torch, cuda_ops, batch, ctx, n, a, dtype, seed):
+    from sssd.kernels.reference import ancestor_masks  # the masks' oracle serves as their builder here
+
     rng = np.random.default_rng(seed)
     offsets = np.arange(batch + 1, dtype=np.int64) * n
     parents = np.concatenate([[-1] + [int(rng.integers(0, j)) for j in range(1, n)] for _ in range(batch)])
-    masks = cuda_ops.ancestor_masks(parents, offsets)
+    masks = ancestor_masks(parents, offsets)
     trees = cuda_ops.PackedTrees.from_numpy(
         offsets, np.full(batch, ctx), np.arange(batch), masks, device="cuda"
     )  # fmt: skip

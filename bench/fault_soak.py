@@ -58,7 +58,7 @@ def soak(kind: str, seed: int, refs: list[list[int]], args) -> dict:
         steps=engine.stats.steps, interrupts=interrupts, drafter_faults=drafter.raised, wrong=wrong,
         lost=len(rids) - len(results), unfinished=int(engine.has_unfinished()),
         stream=sum(streamed.get(r, []) != refs[r] for r in rids),
-        recovered=engine.stats.recovered,
+        repaired=engine.stats.repaired,
     )  # fmt: skip
 
 
@@ -94,7 +94,7 @@ def main() -> None:
                 tot[k] = tot.get(k, 0) + v
         print(
             f"| {kind} | {args.seeds} | {tot['steps']} | {tot['interrupts']} | {tot['drafter_faults']} | "
-            f"{tot['wrong']} | {tot['lost']} | {tot['unfinished']} | {tot['stream']} | {tot['recovered']} |"
+            f"{tot['wrong']} | {tot['lost']} | {tot['unfinished']} | {tot['stream']} | {tot['repaired']} |"
         )
 
 

@@ -90,7 +90,7 @@ def build_model(torch, transformers, layers, smoke=False):
 
 
 def random_trees(batch, n, seed, vocab):
-    from sssd.engine.adapter import Tree
+    from sssd.engine.trees import Tree
 
     rng = np.random.default_rng(seed)
     trees = []

@@ -25,6 +25,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from sssd.cli.argtypes import CommandParser, version_text
 from sssd.cli.errors import run_guarded
 from sssd.cli.helpfmt import DefaultsHelpFormatter
 
@@ -44,8 +45,16 @@ def _positive(text: str) -> int:
     return value
 
 
-def make_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__, formatter_class=DefaultsHelpFormatter)
+def make_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    p = CommandParser(prog=prog, description=__doc__, formatter_class=DefaultsHelpFormatter)
+    add_arguments(p)
+    p.add_argument("--debug", action="store_true", help="show the traceback of an error (or SSSD_DEBUG=1)")
+    p.add_argument("--version", action="version", version=version_text())
+    return p
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The inputs and options of a build (``sssd build-datastore`` adds them to its subcommand)."""
     p.add_argument("inputs", nargs="+", metavar="INPUT", help="files and directories to read")
     p.add_argument(
         "-o",
@@ -104,7 +113,8 @@ def make_parser() -> argparse.ArgumentParser:
         "--shard-tokens",
         type=_positive,
         metavar="N",
-        help="write a directory of shards shard-00000.sssd, ... of at most N tokens each (default: one file)",
+        help="write a directory of shards shard-00000.sssd, ... of at most N tokens each; documents are "
+        "never split, so a document longer than N is a shard of its own (default: one file)",
     )
     p.add_argument(
         "--no-index",
@@ -121,16 +131,20 @@ def make_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--force", action="store_true", help="replace an existing output")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress display and no summary")
-    p.add_argument("--debug", action="store_true", help="show the traceback of an error (or SSSD_DEBUG=1)")
-    return p
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = PROG) -> int:
+    """``build-datastore ARGS`` (``prog``: the name messages start with, e.g. ``sssd build-datastore``)."""
     # Inputs may come before, between and after options (-o x.sssd a.jsonl --glob '*.py' dir).
-    args = make_parser().parse_intermixed_args(argv)
+    try:
+        args = make_parser(prog).parse_intermixed_args(argv)
+    except SystemExit as e:  # a usage error, already said in one line: its status (--help still exits)
+        if not e.code:
+            raise
+        return int(e.code)
     return run_guarded(
-        PROG,
-        lambda: _build(args),
+        prog,
+        lambda: build_from_args(args, prog),
         debug=args.debug,
         extra="tools",
         on_interrupt=f"nothing was written to {args.output}",
@@ -146,7 +160,8 @@ def _tokenizer_spec(spec: str | None) -> str | None:
     return str(hub_snapshot(spec, required="tokenizer_config.json"))
 
 
-def _build(args: argparse.Namespace) -> int:
+def build_from_args(args: argparse.Namespace, prog: str = PROG) -> int:
+    """Runs the build the parsed command line asks for; prints the summary and the warnings."""
     from datastore_tools.pipeline import BuildConfig, build
 
     config = BuildConfig(
@@ -172,15 +187,32 @@ def _build(args: argparse.Namespace) -> int:
     summary = build(config)
     if not args.quiet:
         print("\n".join(summary.lines()))
+    if args.shard_tokens is not None:
+        _note_oversized_shards(summary.shards, args.shard_tokens, prog)
     if not summary.tokenizer_fingerprint:  # said even with -q: it decides how the datastore can be used
         print(
-            f"{PROG}: warning: {args.output} records no tokenizer (pre-tokenized input without --tokenizer); "
+            f"{prog}: warning: {args.output} records no tokenizer (pre-tokenized input without --tokenizer); "
             f"sssd generate will use it with a model whose vocabulary holds its {summary.vocab_size:,} ids, "
             "trusting they come from that model's tokenizer; --tokenizer (the one that made the ids) "
             "records it so that it is checked",
             file=sys.stderr,
         )
     return 0
+
+
+def _note_oversized_shards(shards: tuple[Path, ...], limit: int, prog: str) -> None:
+    """Says which shards hold more than --shard-tokens tokens (a single document longer than the limit)."""
+    from sssd.datastore.store import Datastore
+
+    sizes = [len(Datastore.open(p)) for p in shards]  # header reads: O(1) per shard
+    big = [n for n in sizes if n > limit]
+    if big:
+        print(
+            f"{prog}: note: {len(big)} shard{'s' * (len(big) != 1)} hold{'s' * (len(big) == 1)} one document "
+            f"longer than --shard-tokens {limit} (the largest {max(big):,} tokens): documents are never "
+            "split, so that no match is lost at a cut",
+            file=sys.stderr,
+        )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from sssd.datastore.fingerprint import same_vocabulary
 
 from datastore_tools.errors import InputError
 from datastore_tools.stats import ReadStats
@@ -100,17 +101,50 @@ def _ids(path: Path, line_no: int, record: dict[str, Any], name: str, vocab_size
     return ids
 
 
+def recorded_vocabulary(path: Path) -> tuple[int, str] | None:
+    """(vocab_size, tokenizer fingerprint) that the first record of a pairs file names (``sssd generate
+    --output`` writes ``"vocab_size"`` and ``"tokenizer"`` in every pair), or None when it names none."""
+    for line_no, record in iter_records(path, ReadStats()):
+        vocab, fingerprint = record.get("vocab_size"), record.get("tokenizer")
+        if vocab is None and fingerprint is None:
+            return None
+        if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1:
+            raise InputError(f"{path}:{line_no}: 'vocab_size' must be a positive integer, got {vocab!r}")
+        if not isinstance(fingerprint, str) or not fingerprint:
+            raise InputError(f"{path}:{line_no}: 'tokenizer' must be a tokenizer fingerprint (name:hash)")
+        return vocab, fingerprint
+    return None
+
+
+def _check_tokenizer(path: Path, line_no: int, record: dict[str, Any], fingerprint: str) -> None:
+    """A pair that names the tokenizer of its ids must name the build's (a file of another model's pairs
+    would put ids of another vocabulary in the datastore)."""
+    theirs = record.get("tokenizer")
+    if fingerprint and isinstance(theirs, str) and not same_vocabulary(theirs, fingerprint):
+        raise InputError(
+            f"{path}:{line_no}: the pair's ids come from tokenizer {theirs!r}, not {fingerprint!r} (the "
+            "tokenizer of this build): build them into a datastore of their own"
+        )
+
+
 def read_pair_records(
-    path: Path, which: str, vocab_size: int, stats: ReadStats, max_bytes: int | None = None
+    path: Path,
+    which: str,
+    vocab_size: int,
+    stats: ReadStats,
+    max_bytes: int | None = None,
+    fingerprint: str = "",
 ) -> Iterator[np.ndarray]:
     """Token documents from (prompt_ids, output_ids) records.
 
     which: "output" (default: the model's outputs are what a drafter should predict), "prompt", "both"
-    (two documents per record) or "concat" (prompt then output as one document).
+    (two documents per record) or "concat" (prompt then output as one document). ``fingerprint``: the
+    build's tokenizer; a record that names another is an InputError.
     """
     if which not in PAIR_CHOICES:
         raise ValueError(f"pair ids must be one of {', '.join(PAIR_CHOICES)}, got {which!r}")
     for line_no, record in iter_records(path, stats, max_bytes):
+        _check_tokenizer(path, line_no, record, fingerprint)
         if which in ("prompt", "both", "concat"):
             prompt = _ids(path, line_no, record, "prompt_ids", vocab_size)
         if which in ("output", "both", "concat"):

@@ -53,10 +53,12 @@ def default_max_tokens() -> int:
 
 
 def _recorded_vocabulary(inputs: list[Input]) -> tuple[int, str] | None:
-    """The vocabulary every input records about itself (only .npz files can), if they all agree."""
-    if any(i.kind is not InputKind.NPZ for i in inputs):
+    """The vocabulary every input records about itself, if they all agree: .npz files (the shipped
+    sample) and pairs files that `sssd generate --output` wrote can."""
+    readers = {InputKind.NPZ: token_arrays.npz_vocabulary, InputKind.JSONL_PAIRS: jsonl.recorded_vocabulary}
+    if any(i.kind not in readers for i in inputs):
         return None
-    found = {token_arrays.npz_vocabulary(i.path) for i in inputs}
+    found = {readers[i.kind](i.path) for i in inputs}
     return found.pop() if len(found) == 1 else None
 
 
@@ -83,21 +85,27 @@ def _vocabulary(config: BuildConfig, inputs: list[Input]) -> tuple[Any, int, str
                 f"--vocab-size {config.vocab_size} is smaller than the tokenizer's {vocab} tokens"
             )
         vocab = config.vocab_size  # a model's embedding table may be padded past the tokenizer
-    return tok, vocab, tokenizer_fingerprint(tok)
+    # a cached tokenizer carries the fingerprint of the full one (hashing 50k words again costs 0.2 s)
+    return tok, vocab, getattr(tok, "fingerprint", None) or tokenizer_fingerprint(tok)
 
 
 def _read(
-    inp: Input, config: BuildConfig, tok: Any, vocab: int, stats: ReadStats, max_bytes: int
+    inp: Input,
+    config: BuildConfig,
+    tok: Any,
+    vocab: tuple[int, str],
+    stats: ReadStats,
+    max_bytes: int,
 ) -> Iterable[str | np.ndarray]:
     """The documents of one input; a text document (file or JSONL line) of more than max_bytes bytes
     is refused before it is read whole."""
-    opts = config.read
+    opts, (vocab, fingerprint) = config.read, vocab
     if inp.kind is InputKind.JSONL_TEXT:
         return jsonl.read_text_records(inp.path, opts.text_field, stats, max_bytes)
     if inp.kind is InputKind.JSONL_CHAT:
         return jsonl.read_chat_records(inp.path, chat_renderer(tok), stats, max_bytes)
     if inp.kind is InputKind.JSONL_PAIRS:
-        return jsonl.read_pair_records(inp.path, opts.pair_ids, vocab, stats, max_bytes)
+        return jsonl.read_pair_records(inp.path, opts.pair_ids, vocab, stats, max_bytes, fingerprint)
     if inp.kind is InputKind.TEXT_FILE:
         return [text_files.read_text_file(inp.path, stats, max_bytes)]
     if inp.kind is InputKind.DIRECTORY:
@@ -174,7 +182,8 @@ def build(config: BuildConfig) -> BuildSummary:
 
     def items() -> Iterator[str | np.ndarray]:
         for inp in inputs:
-            yield from _read(inp, config, tok, vocab, stats, max_tokens)  # ~1 token per byte at most
+            # ~1 token per byte at most
+            yield from _read(inp, config, tok, (vocab, fingerprint), stats, max_tokens)
 
     docs = _counted(
         tokenize_stream(items(), encode, stats, batch_docs=config.batch_docs),

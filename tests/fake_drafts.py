@@ -8,20 +8,13 @@ greedily by f(v) over connected subtrees, as the drafter's joint selection does.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 
 import numpy as np
+from sssd.policy.interface import PlainDraftBatch
 
 
-@dataclass(frozen=True)
-class FakeBatch:
-    tokens: np.ndarray
-    parents: np.ndarray
-    probs: np.ndarray
-    depth: np.ndarray
-    offsets: np.ndarray
-    rank: np.ndarray
-    gain: np.ndarray
+class FakeBatch(PlainDraftBatch):
+    """The contract's fields with a loop-by-loop ``truncate`` (the oracle of ``goodput.truncate_batch``)."""
 
     def truncate(self, k: int) -> FakeBatch:
         keep = (self.rank < k) | (self.rank < 0)  # roots have rank -1

@@ -32,23 +32,9 @@ def tiny_tok_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     Its post-processor wraps a text in <s> ... </s>, which only --add-special-tokens should apply.
     """
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers
+    from cli_models import save_wordlevel_tokenizer
 
-    specials = ["[UNK]", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
-    tk = Tokenizer(models.WordLevel(unk_token="[UNK]"))
-    tk.pre_tokenizer = pre_tokenizers.Whitespace()
-    tk.train_from_iterator(SENTENCES, trainers.WordLevelTrainer(special_tokens=specials))
-    tk.post_processor = processors.TemplateProcessing(
-        single="<s> $A </s>", special_tokens=[("<s>", 1), ("</s>", 2)]
-    )
-    fast = transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tk, unk_token="[UNK]", bos_token="<s>", eos_token="</s>",
-        additional_special_tokens=specials[3:],
-    )  # fmt: skip
-    fast.chat_template = CHAT_TEMPLATE
-    out = tmp_path_factory.mktemp("tok") / "tiny-tok"
-    fast.save_pretrained(out)
-    return out
+    return save_wordlevel_tokenizer(tmp_path_factory.mktemp("tok") / "tiny-tok", SENTENCES, CHAT_TEMPLATE)
 
 
 @pytest.fixture(scope="module")

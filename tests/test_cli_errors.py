@@ -42,7 +42,9 @@ def _one_error_line(err: str, prog: str) -> str:
 
 def test_datastore_errors_are_one_line(bad_datastore, tmp_path, capsys):
     assert main(["info", str(bad_datastore)]) == 2
-    assert "smaller than a datastore header" in _one_error_line(capsys.readouterr().err, "sssd info")
+    assert f"{bad_datastore}: not an sssd datastore (bad magic bytes)" in _one_error_line(
+        capsys.readouterr().err, "sssd info"
+    )
     assert main(["info", str(tmp_path / "missing.sssd")]) == 2
     assert "not found" in _one_error_line(capsys.readouterr().err, "sssd info")
     pairs = tmp_path / "p.jsonl"
@@ -75,13 +77,14 @@ def test_missing_dependency_names_the_extra():
     torch = ModuleNotFoundError("No module named 'torch'", name="torch")
     hf = ModuleNotFoundError("No module named 'transformers'", name="transformers")
     assert missing_dependency(torch, "sssd generate", "torch") == (
-        "sssd generate needs torch and transformers: pip install 'sssd[torch]' (No module named 'torch')"
+        'sssd generate needs torch and transformers: pip install ".[torch]" in the sssd clone '
+        "(No module named 'torch')"
     )
     assert missing_dependency(hf, "build-datastore", "tools") == (
-        "build-datastore needs transformers and tokenizers: pip install 'sssd[tools]' "
+        'build-datastore needs transformers and tokenizers: pip install ".[tools]" in the sssd clone '
         "(No module named 'transformers')"
     )
-    assert "sssd[torch]" in missing_dependency(torch, "build-datastore", "tools")  # tools has no torch
+    assert '".[torch]"' in missing_dependency(torch, "build-datastore", "tools")  # tools has no torch
     other = ModuleNotFoundError("No module named 'yaml'", name="yaml")
     assert (
         missing_dependency(other, "sssd info")
@@ -178,7 +181,7 @@ def test_a_minimal_install_says_what_to_install(datastore, tmp_path):
     code = "\n".join(
         [
             "import sys",
-            "sys.modules['torch'] = None  # as if `pip install sssd` without the torch extra",
+            "sys.modules['torch'] = None  # as if `pip install .` without the torch extra",
             "sys.modules['transformers'] = None",
             "from sssd.cli import main",
             "from datastore_tools.cli import main as build_main",
@@ -191,8 +194,8 @@ def test_a_minimal_install_says_what_to_install(datastore, tmp_path):
     out, err = proc.communicate()
     assert proc.returncode == 0 and out.splitlines()[-1] == "[0, 2, 2] False", (out, err)
     assert err.splitlines() == [
-        "sssd generate: error: sssd generate needs torch and transformers: pip install 'sssd[torch]' "
-        "(import of torch halted; None in sys.modules)",
+        'sssd generate: error: sssd generate needs torch and transformers: pip install ".[torch]" in the '
+        "sssd clone (import of torch halted; None in sys.modules)",
         "build-datastore: error: build-datastore needs transformers and tokenizers: pip install "
-        "'sssd[tools]' (import of transformers halted; None in sys.modules)",
+        '".[tools]" in the sssd clone (import of transformers halted; None in sys.modules)',
     ]

@@ -26,7 +26,7 @@ def test_read_prompts_jsonl_and_text(tmp_path):
 @pytest.mark.parametrize(
     "content,match",
     [
-        ("not json\n", "not JSON"),
+        ("not json\n", "not valid JSON"),
         ("[1, 2]\n", "JSON object"),
         ('{"x": 1}\n', "prompt_ids"),
         ("\n", "no prompts"),
@@ -44,9 +44,12 @@ def test_read_prompts_errors(tmp_path, content, match):
 @pytest.mark.parametrize(
     "argv,match",
     [
-        (["generate", "--prompt", "x", "--batch-size", "0"], "--batch-size must be >= 1"),
-        (["generate", "--prompt", "x", "--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
-        (["generate", "--prompt", "x", "--budget", "-1"], "--budget must be >= 0"),
+        (["generate", "--prompt", "x", "--batch-size", "0"], "--batch-size: expected an integer >= 1"),
+        (
+            ["generate", "--prompt", "x", "--max-new-tokens", "0"],
+            "--max-new-tokens: expected an integer >= 1",
+        ),
+        (["generate", "--prompt", "x", "--budget", "-1"], "--budget: expected an integer >= 0"),
         (["generate", "--prompt", "x", "--model", "/nonexistent/model"], "model not found"),
         # Prompts and datastore are read before the model loads: their errors come first.
         (
@@ -125,7 +128,7 @@ def test_generate_rejects_bad_device_and_attention(tiny_dir, capsys):
     rc, _, err = _generate(tiny_dir, capsys, "--prompt", "w1", "--device", "tpu9")
     assert rc == 2 and "unknown device" in err
     rc, _, err = _generate(tiny_dir, capsys, "--prompt", "w1", "--attention", "flash")
-    assert rc == 2 and "attention must be one of" in err
+    assert rc == 2 and "argument --attention: invalid choice: 'flash' (choose from 'auto', 'sdpa'" in err
 
 
 @pytest.mark.parametrize(

@@ -99,9 +99,10 @@ def _doc_sections() -> dict[str, str]:
 def test_docs_name_every_option_of_every_command():
     sections = _doc_sections()
     for prog, parser in _parsers().items():
+        prog = "sssd build-datastore" if prog == "build-datastore" else prog  # one section for both
         assert prog in sections, f"docs/cli.md has no section '## {prog}'"
         for action in _options(parser):
-            if action.dest == "debug" and prog != "build-datastore":
+            if action.dest == "debug" and prog != "sssd build-datastore":
                 continue  # --debug of sssd is documented once, under "Exit statuses and errors"
             name = max(action.option_strings, key=len)
             assert f"`{name}" in sections[prog], f"docs/cli.md, {prog}: {name} is not documented"

@@ -87,9 +87,12 @@ def test_simulate_bad_input_is_one_error_line(pairs_file, argv, capsys):
     assert err.startswith("sssd simulate: error:") and err.count("\n") == 1
 
 
-def test_simulate_bad_budget_list_is_a_usage_error(pairs_file):
-    with pytest.raises(SystemExit):
-        main(["simulate", "--pairs", str(pairs_file), "--budget", "a,b"])
+def test_simulate_bad_budget_list_is_a_usage_error(pairs_file, capsys):
+    assert main(["simulate", "--pairs", str(pairs_file), "--budget", "a,b"]) == 2
+    assert capsys.readouterr().err == (
+        "sssd simulate: error: argument --budget: expected a comma list of integers >= 0, got 'a,b' "
+        "(see sssd simulate --help)\n"
+    )
 
 
 @pytest.fixture

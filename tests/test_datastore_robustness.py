@@ -265,3 +265,22 @@ def test_build_datastore_bounds_its_memory(tmp_path, capsys):
     (tmp_path / "big.txt").write_text("word " * 200)
     with pytest.raises(InputError, match="more than one document may be"):
         text_files.read_text_file(tmp_path / "big.txt", ReadStats(), max_bytes=100)
+
+
+@pytest.mark.parametrize("size", [1, 191, 255, 256, 4096])
+def test_a_file_that_is_not_a_datastore_says_so_whatever_its_size(tmp_path, size):
+    from sssd.datastore.store import FILE_MAGIC
+
+    assert FILE_MAGIC == ref.MAGIC
+    text = tmp_path / "notes.txt"
+    text.write_bytes((b"plain text, not a datastore\n" * 200)[:size])
+    with pytest.raises(DatastoreError, match=r"notes\.txt: not an sssd datastore \(bad magic bytes\)"):
+        Datastore.open(text)
+    # a datastore cut short inside its header, even inside the magic bytes, is "truncated"
+    real = tmp_path / "real.sssd"
+    build_datastore([np.arange(40) % 9], real, vocab_size=10)
+    for keep in (3, 8, 100):
+        cut = tmp_path / f"cut{keep}.sssd"
+        cut.write_bytes(real.read_bytes()[:keep])
+        with pytest.raises(DatastoreError, match="truncated"):
+            Datastore.open(cut)

@@ -136,6 +136,31 @@ def test_datastore_source_and_vocab(tmp_path):
         sssd.Drafter(datastore="not a datastore")
 
 
+def test_thread_count_changes_nothing_but_the_threads():
+    """``DrafterConfig.threads``: 1 (no parallel region), 2, 3 (more threads than requests or cores) and
+    the OpenMP default draft the same trees, step after step."""
+    rng = np.random.default_rng(0)
+    contexts = [list(rng.integers(0, 6, 60)) for _ in range(5)]
+    drafters = [input_only(threads=t) for t in (0, 1, 2, 3)]
+    for d in drafters:
+        for r, ctx in enumerate(contexts):
+            d.add_request(r, ctx)
+    for step in range(6):
+        batches = [d.propose(list(range(5)), budget=24) for d in drafters]
+        for b in batches[1:]:
+            for name in ("tokens", "parents", "offsets", "probs", "rank"):
+                np.testing.assert_array_equal(getattr(b, name), getattr(batches[0], name), err_msg=name)
+        for d in drafters:
+            for r in range(5):
+                d.extend(r, [step % 6])
+
+
+@pytest.mark.parametrize("bad", [-1, 1025, 1.0, True])
+def test_thread_count_is_checked(bad):
+    with pytest.raises((ValueError, TypeError), match="threads"):
+        sssd.DrafterConfig(threads=bad)
+
+
 def test_threads_share_one_drafter():
     d = input_only()
     for r in range(8):

@@ -10,10 +10,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from sssd.engine.adapter import PACKED_MAX_NODES, ModelAdapter, Tree, packed_ancestor_masks
+from sssd.engine.adapter import ModelAdapter
 from sssd.engine.engine import Engine, EngineConfig
+from sssd.engine.masks import ancestor_bits
+from sssd.engine.trees import Tree
 from sssd.kernels import tree_attention as cuda_ops
 from sssd.kernels.reference import ancestor_masks
+from sssd.kernels.tree_attention import MAX_TREE_NODES
 from test_engine_lossless import NEW, make_prompts, oracle, reference
 from tiny_models import VOCAB, tiny_model
 from toy_drafters import RandomTreeDrafter
@@ -42,24 +45,15 @@ def test_packed_masks_equal_the_kernel_reference(sizes):
     rng = np.random.default_rng(sum(sizes))
     trees = [random_tree(n, rng) for n in sizes]
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    got = packed_ancestor_masks(trees, offsets)
+    got = ancestor_bits(trees)
     want = ancestor_masks(np.concatenate([t.parents for t in trees]), offsets)
     assert got.dtype == np.uint64 and np.array_equal(got, want)
 
 
-def test_packed_masks_reject_bad_trees():
-    rng = np.random.default_rng(0)
-    good = random_tree(5, rng)
-    off = np.array([0, 5], np.int64)
-    with pytest.raises(ValueError, match="depth"):
-        packed_ancestor_masks([Tree(good.tokens, good.parents, good.depth + 1)], off)
-    bad_parents = good.parents.copy()
-    bad_parents[2] = 3
-    with pytest.raises(ValueError, match="topological"):
-        packed_ancestor_masks([Tree(good.tokens, bad_parents, good.depth)], off)
-    big = random_tree(PACKED_MAX_NODES + 1, rng)
+def test_packed_masks_hold_trees_of_at_most_the_kernels_limit():
+    big = random_tree(MAX_TREE_NODES + 1, np.random.default_rng(0))
     with pytest.raises(ValueError, match="at most"):
-        packed_ancestor_masks([big], np.array([0, len(big.tokens)], np.int64))
+        ancestor_bits([big])
 
 
 @pytest.mark.parametrize("attention", PACKED)
@@ -136,7 +130,7 @@ def test_trees_over_the_kernel_limit_and_long_prefill_chunks_use_sdpa(monkeypatc
     assert out == [reference(family, prompt, 12)]
     layers = engine.adapter.num_layers
     sizes = [h.num_nodes for h in engine.stats.history]  # also: scratch rows past max_positions
-    small = [n for n in sizes if n <= PACKED_MAX_NODES]
+    small = [n for n in sizes if n <= MAX_TREE_NODES]
     assert len(small) < len(sizes)  # some trees were over the limit
     # the 139-token prefill chunk and the big trees took SDPA; the probe's two forwards of a 3-node tree
     # and the small trees were packed

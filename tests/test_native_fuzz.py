@@ -18,7 +18,6 @@ FUZZ = settings(max_examples=120)
 COVERED = {
     "select_sequence": "test_native_fuzz",
     "allocate_budget": "test_native_fuzz",
-    "tree_buffers": "test_native_fuzz",
     "isotonic_fit": "test_native_fuzz",
     "Calibration": "test_native_fuzz",
     "SearchParams": "test_native_fuzz",
@@ -85,34 +84,6 @@ def test_allocate_budget(seq_f, budget, tpot, step_time, slack):
 def test_allocate_budget_huge_budget_allocates_nothing_extra():
     order = _core.allocate_budget([np.array([0.9, 0.5])], 2**62, None, 0.02, 0.0)
     assert order.tolist() == [0, 0]
-
-
-@st.composite
-def batches(draw):
-    """(parents, depth, offsets) of a few trees, sometimes broken."""
-    trees = [draw(tree_arrays(max_nodes=6)) for _ in range(draw(st.integers(0, 4)))]
-    parents = np.concatenate([t[0] for t in trees]) if trees else np.zeros(0, np.int32)
-    depth = np.concatenate([t[2] for t in trees]) if trees else np.zeros(0, np.int32)
-    offsets = np.cumsum([0] + [len(t[0]) for t in trees]).astype(np.int64)
-    what = draw(st.sampled_from(["none", "none", "offsets", "array"]))
-    if what == "offsets" and len(offsets) > 1:
-        offsets[draw(st.integers(0, len(offsets) - 1))] = draw(st.sampled_from([-1, 0, 2**40, -(2**62), 500]))
-    elif what == "array":
-        k = draw(st.integers(0, 2))
-        return tuple(draw(arrays()) if i == k else x for i, x in enumerate((parents, depth, offsets)))
-    return parents, depth, offsets
-
-
-@FUZZ
-@given(batches())
-def test_tree_buffers(batch):
-    out = call(_core.tree_buffers, *batch)
-    if out is None:
-        return
-    positions, masks, paths, tree = out
-    n = len(batch[0])
-    assert positions.shape == (n,) and masks.shape == (n, 2) and tree.shape == (n,) and paths.shape[0] == n
-    assert ((paths >= -1) & (paths < max(n, 1))).all()
 
 
 @FUZZ

@@ -1,6 +1,8 @@
 """The package tree reads as the architecture: subpackages with docstrings, imports in one direction."""
 
 import ast
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -9,22 +11,25 @@ import sssd
 
 PKG = Path(sssd.__file__).parent
 
-# What each subpackage may import from sssd (besides itself, sssd._core, sssd._cuda and sssd.fileio).
+# What each subpackage imports from sssd, exactly (besides itself); its docstring's "Imports:" paragraph
+# names the same modules and the tests below hold both to the code. The graph has no cycle: read bottom
+# up, _core/_cuda/checks/fileio/data, then datastore, kernels, models, policy, engine, drafter (its model
+# drafter runs a draft model through the engine's ModelAdapter and KVCache, so the engine never imports
+# a drafter: drafters are duck-typed), evaluation, integrations, cli.
 ALLOWED = {
-    "datastore": set(),
-    "drafter": {"datastore"},
-    "kernels": set(),
-    "models": set(),
-    "policy": {"engine"},  # profiling alone runs the engine to measure it
-    "evaluation": {"datastore", "drafter"},
-    "engine": {"kernels", "policy", "drafter"},
-    "integrations": {"datastore", "drafter", "policy", "models", "evaluation"},
-    "cli": {"datastore", "drafter", "engine", "kernels", "policy", "evaluation", "models", "integrations"},
+    "data": set(),
+    "datastore": {"_core", "checks"},
+    "kernels": {"_core", "_cuda"},
+    "models": {"fileio"},
+    "policy": {"checks", "fileio"},
+    "engine": {"kernels", "policy"},
+    "drafter": {"_core", "checks", "datastore", "engine", "fileio"},
+    "evaluation": {"drafter", "fileio"},
+    "integrations": {"checks", "data", "datastore", "drafter", "fileio", "models", "policy"},
+    "cli": {"_core", "data", "datastore", "drafter", "engine", "evaluation", "fileio", "models", "policy"},
 }
-# Single files allowed more than their subpackage: the model drafter drives a draft model through the
-# engine's ModelAdapter and KVCache (no forked modeling code); nothing else in sssd.drafter may.
-EXTRA_ALLOWED = {"drafter/model.py": {"engine"}}
-TOP_LEVEL_MODULES = {"__init__.py", "fileio.py", "checks.py"}  # shared: atomic files, strict argument checks
+SHARED = {"_core", "_cuda", "checks", "fileio"}  # modules that import nothing of sssd
+TOP_LEVEL_MODULES = {"__init__.py", "fileio.py", "checks.py"}  # the public API; atomic files; argument checks
 
 
 def _sssd_imports(path: Path) -> set[str]:
@@ -43,49 +48,85 @@ def _sssd_imports(path: Path) -> set[str]:
     return found
 
 
+def _subpackage_imports(sub: str) -> set[str]:
+    return set().union(*(_sssd_imports(p) for p in (PKG / sub).rglob("*.py"))) - {sub}
+
+
+def _docstring_imports(sub: str) -> set[str]:
+    """The modules ``sssd.x`` (lower case, not ``sssd.Engine``) that the "Imports:" paragraph names."""
+    doc = ast.get_docstring(ast.parse((PKG / sub / "__init__.py").read_text())) or ""
+    paragraphs = [p for p in doc.split("\n\n") if p.startswith("Imports:")]
+    assert len(paragraphs) == 1, f"sssd.{sub}'s docstring needs one paragraph starting 'Imports:'"
+    return set(re.findall(r"``sssd\.([a-z_]+)``", paragraphs[0]))
+
+
 def test_top_level_holds_only_subpackages_and_the_public_api():
     modules = {p.name for p in PKG.glob("*.py")}
     assert modules == TOP_LEVEL_MODULES, (
         f"modules beside the subpackages: {sorted(modules - TOP_LEVEL_MODULES)}"
     )
-    subpackages = {p.parent.name for p in PKG.glob("*/__init__.py")} - {"data"}
+    subpackages = {p.parent.name for p in PKG.glob("*/__init__.py")}
     assert subpackages == set(ALLOWED) or subpackages == set(ALLOWED) - {"integrations"}
 
 
-def test_every_subpackage_says_what_it_owns_and_may_import():
+def test_every_subpackage_says_what_it_owns():
     for sub in ALLOWED:
         init = PKG / sub / "__init__.py"
-        if not init.exists():
+        if init.exists():
+            doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+            assert len(doc) > 100, f"sssd.{sub} needs a docstring saying what it owns"
+
+
+def test_docstrings_name_exactly_what_each_subpackage_imports():
+    for sub, allowed in ALLOWED.items():
+        if not (PKG / sub).is_dir():
             continue
-        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
-        assert len(doc) > 100, f"sssd.{sub} needs a docstring saying what it owns"
-        assert "import" in doc, f"sssd.{sub}'s docstring must say what it may import"
+        said, real = _docstring_imports(sub), _subpackage_imports(sub)
+        assert real == allowed, f"sssd.{sub} imports {sorted(real)}; the layout says {sorted(allowed)}"
+        assert said == real, f"sssd.{sub}'s docstring names {sorted(said)}; it imports {sorted(real)}"
 
 
 def test_imports_go_one_way():
-    shared = {"_core", "_cuda", "fileio", "checks", "data"}
-    for sub, allowed in ALLOWED.items():
-        for path in (PKG / sub).glob("*.py"):
-            extra = EXTRA_ALLOWED.get(f"{sub}/{path.name}", set())
-            bad = _sssd_imports(path) - allowed - extra - shared - {sub}
-            assert not bad, f"{path.relative_to(PKG)} imports sssd.{sorted(bad)} (allowed: {sorted(allowed)})"
+    for name in TOP_LEVEL_MODULES - {"__init__.py"}:
+        assert not _sssd_imports(PKG / name), f"sssd.{name} must import nothing of sssd"
+    graph = {**ALLOWED, **{m: set() for m in SHARED}}
+    assert set().union(*graph.values()) <= set(graph)
+    done: set[str] = set()
+    while len(done) < len(graph):  # peel off what imports only what is peeled: stuck = a cycle
+        ready = {m for m in graph if m not in done and graph[m] <= done}
+        assert ready, f"import cycle among {sorted(set(graph) - done)}"
+        done |= ready
 
 
-def test_only_the_model_drafter_imports_the_engine_from_the_drafter():
-    importers = {p.name for p in (PKG / "drafter").glob("*.py") if "engine" in _sssd_imports(p)}
-    assert importers == {"model.py"}
+def test_only_what_needs_torch_loads_it():
+    """The drafter's modules that need torch (the model drafter) load lazily (``sssd.ModelDrafter``)."""
     init = (PKG / "drafter" / "__init__.py").read_text()
-    assert "model.py" in init and "sssd.engine" in init  # the docstring says so
-    assert "from sssd.drafter.model" not in init  # imported lazily only (sssd.ModelDrafter)
-    code = "import sys, sssd, sssd.drafter.merge; print('torch' in sys.modules, callable(sssd.MergedDrafter))"
+    assert "from sssd.drafter.model" not in init
+    code = (
+        "import sys, sssd, sssd.drafter.merge, sssd.policy.profiling;"
+        "print('torch' in sys.modules, 'sssd.engine' in sys.modules, callable(sssd.MergedDrafter))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["False", "True"]  # merging needs no torch either
+    assert out.stdout.split() == ["False", "False", "True"]  # merging and profiling need no torch either
 
 
 def test_datastore_and_drafter_import_without_torch():
     code = "import sys, sssd, sssd.datastore, sssd.drafter, sssd.evaluation; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_importing_sssd_leaves_the_environment_alone():
+    """Importing changes no environment variable (OpenMP's reads them once, for every library in the
+    process): thread counts are set per object (``DrafterConfig.threads``, ``torch.set_num_threads``)."""
+    code = (
+        "import os; before = dict(os.environ);"
+        "import sssd, sssd.cli, sssd.datastore, sssd.drafter.merge, sssd.evaluation, sssd.policy.profiling;"
+        "print(dict(os.environ) == before, os.environ.get('OMP_WAIT_POLICY'))"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMP_", "GOMP_"))}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    assert out.stdout.split() == ["True", "None"]
 
 
 def test_public_api_is_importable_as_sssd_x():

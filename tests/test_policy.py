@@ -15,23 +15,13 @@ from sssd.policy.goodput import (
     request_gain_table,
     slo_first,
 )
+from sssd.policy.interface import PlainDraftBatch
 
 from tests.fake_drafts import FakeDrafter, make_batch
 
 
 def _view(rids, ctx):
     return StepView(list(rids), list(ctx), [1000] * len(rids), [None] * len(rids))
-
-
-@dataclasses.dataclass(frozen=True)
-class _NoTruncate:
-    tokens: np.ndarray
-    parents: np.ndarray
-    probs: np.ndarray
-    depth: np.ndarray
-    offsets: np.ndarray
-    rank: np.ndarray
-    gain: np.ndarray
 
 
 def chain(n, p):
@@ -200,8 +190,8 @@ def test_generic_truncate_matches_fake_batch():
     from sssd.policy.goodput import truncate_batch
 
     b = make_batch([chain(3, 0.9), ([0, 0, 1], [0.6, 0.3, 0.5]), chain(2, 0.1)])
-    plain = dataclasses.replace(b)  # same fields; hide the method by wrapping in a method-less clone
-    clone = _NoTruncate(**{f.name: getattr(plain, f.name) for f in dataclasses.fields(plain)})
+    # the same fields in the method-less contract type, so truncate_batch cannot defer to b.truncate
+    clone = PlainDraftBatch(**{f.name: getattr(b, f.name) for f in dataclasses.fields(b)})
     for k in range(len(b.gain)):
         want, got = b.truncate(k), truncate_batch(clone, k)
         for name in ("tokens", "parents", "probs", "depth", "offsets", "rank"):

@@ -11,6 +11,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from sssd.cli import main
+from sssd.cli.profile import engine_factory
 from sssd.evaluation.baselines import PromptLookupDrafter
 from sssd.policy import profiling as prof
 
@@ -31,7 +32,7 @@ def test_synthetic_drafter_gives_exact_budgets():
 
 def test_profile_forward_and_drafting_fit(tmp_path):
     grid = prof.ProfileGrid((1, 2), (8,), (0, 6), 1, (1, 2), (4, 8), 2)
-    fwd = prof.profile_forward(tiny_model("llama"), grid)
+    fwd = prof.profile_forward(engine_factory(tiny_model("llama")), VOCAB, grid)
     assert len(fwd) == 2 * 2 * 1
     assert {s.n_batched - s.batch_size for s in fwd} == {0, 6}
     ctxs = [np.arange(2, 40, dtype=np.int32) % VOCAB]

@@ -7,16 +7,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from sssd.engine.adapter import ModelAdapter, Tree
+from sssd.engine.adapter import ModelAdapter
 from sssd.engine.attention import (
-    ancestor_mask,
     causal_attention_reference,
     commit_reference,
     tree_attention,
     tree_attention_reference,
-    tree_visibility,
 )
 from sssd.engine.kv_cache import CacheShape, KVCache
+from sssd.engine.masks import ancestor_matrix, dense_visibility
+from sssd.engine.trees import Tree
 from tiny_models import FAMILIES, tiny_model
 
 torch.set_num_threads(1)
@@ -26,13 +26,20 @@ def random_parents(n: int, rng: np.random.Generator) -> np.ndarray:
     return np.array([-1] + [int(rng.integers(i)) for i in range(1, n)])
 
 
+def _tree(parents: np.ndarray) -> Tree:
+    depth = np.zeros(len(parents), np.int64)
+    for i in range(1, len(parents)):
+        depth[i] = depth[parents[i]] + 1
+    return Tree(np.zeros(len(parents), np.int64), np.asarray(parents), depth)
+
+
 def test_ancestor_mask_hand_written():
     #      0
     #     / \
     #    1   2
     #    |
     #    3
-    m = ancestor_mask(np.array([-1, 0, 0, 1]))
+    m = ancestor_matrix(np.array([-1, 0, 0, 1]), np.array([0, 1, 1, 2]))
     expect = np.array([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=bool)
     assert (m == expect).all()
 
@@ -48,7 +55,7 @@ def test_chain_equals_causal(h, hkv):
     ref = tree_attention_reference(q, k[:, :c], v[:, :c], k[:, c:], v[:, c:], chain)
     causal = causal_attention_reference(q, k, v)
     torch.testing.assert_close(ref, causal, rtol=1e-5, atol=1e-6)
-    vis = torch.from_numpy(tree_visibility(c, chain))[None]
+    vis = torch.from_numpy(dense_visibility([_tree(chain)], [c], c + n))
     fused = tree_attention(q[None], k[None], v[None], vis, 1 / d**0.5)[0]
     torch.testing.assert_close(fused, causal, rtol=1e-5, atol=1e-6)
 
@@ -64,7 +71,7 @@ def test_fused_equals_reference_on_random_trees(seed):
     k = torch.randn(hkv, c + n, d, generator=g)
     v = torch.randn(hkv, c + n, d, generator=g)
     ref = tree_attention_reference(q, k[:, :c], v[:, :c], k[:, c:], v[:, c:], parents, scaling=0.3)
-    vis = torch.from_numpy(tree_visibility(c, parents))[None]
+    vis = torch.from_numpy(dense_visibility([_tree(parents)], [c], c + n))
     fused = tree_attention(q[None], k[None], v[None], vis, 0.3)[0]
     torch.testing.assert_close(fused, ref, rtol=1e-5, atol=1e-6)
 

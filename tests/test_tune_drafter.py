@@ -273,3 +273,19 @@ def test_kl_to_the_target_logits_trains_too():
         train_draft(derive_draft(target, "layers:1"), data, cfg)
     stats = train_draft(derive_draft(target, "layers:1"), data, cfg, teacher=target)
     assert np.mean([v for _, v in stats.losses[-5:]]) < np.mean([v for _, v in stats.losses[:5]])
+
+
+def test_an_npz_corpus_is_data_like_its_npy_pair(tmp_path):
+    """--data takes the bundled sample (.npz with tokens and offsets) as it takes NAME.tokens.npy."""
+    from sssd.data import sample_corpus, sample_corpus_path
+    from sssd.models.tuning import load_corpus
+
+    tokens, offsets = sample_corpus()
+    np.save(tmp_path / "s.tokens.npy", tokens)
+    np.save(tmp_path / "s.offsets.npy", offsets)
+    from_npz, from_npy = load_corpus(sample_corpus_path()), load_corpus(tmp_path / "s.tokens.npy")
+    assert len(from_npz) == len(from_npy) > 1000
+    assert all(np.array_equal(a.tokens, b.tokens) for a, b in zip(from_npz, from_npy, strict=True))
+    np.savez(tmp_path / "bad.npz", tokens=tokens)
+    with pytest.raises(ValueError, match="holds the arrays 'tokens' and 'offsets'"):
+        load_corpus(tmp_path / "bad.npz")

@@ -41,17 +41,21 @@ def _config(family: str):
         return tf.MistralConfig(num_key_value_heads=1, sliding_window=None, **common)
     if family == "gemma":
         return tf.GemmaConfig(num_key_value_heads=2, head_dim=8, **common)
+    if family == "phi3":  # fused QKV and gate/up projections, partial rotary
+        return tf.Phi3Config(num_key_value_heads=2, partial_rotary_factor=0.5, **common)
     raise ValueError(family)
 
 
 FAMILIES = ("llama", "qwen2", "mistral", "gemma")
+# the families the compiled verification forward is checked on (phi3 beyond the lossless suite's four)
+COMPILE_FAMILIES = (*FAMILIES, "phi3")
 
 
 @functools.cache
 def _state(family: str):
     import transformers as tf
 
-    torch.manual_seed(1234 + FAMILIES.index(family))
+    torch.manual_seed(1234 + COMPILE_FAMILIES.index(family))
     model = tf.AutoModelForCausalLM.from_config(_config(family), attn_implementation="sdpa")
     return model.state_dict()
 

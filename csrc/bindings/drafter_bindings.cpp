@@ -80,6 +80,7 @@ sssd::DrafterParams drafter_params(const py::dict& d) {
   p.ds_max_depth = r.i32("ds_max_depth", p.ds_max_depth);
   p.fusion.min_f = r.real("min_f", p.fusion.min_f);
   p.pool_max_tokens = r.i64("pool_max_tokens", p.pool_max_tokens);
+  p.threads = r.i32("threads", p.threads);
   const int64_t vocab = r.i64("vocab_size", static_cast<int64_t>(p.vocab_size));
   if (vocab < 0 || static_cast<uint64_t>(vocab) > sssd::kMaxVocab) {
     throw py::value_error("vocab_size must be in [0, 2^31], got " + std::to_string(vocab));
@@ -261,24 +262,6 @@ void bind_drafter(py::module_& m) {
       .def("calibration", &sssd::Drafter::calibration, py::call_guard<py::gil_scoped_release>())
       .def("set_calibration", &sssd::Drafter::set_calibration, py::call_guard<py::gil_scoped_release>());
 
-  m.def("tree_buffers", [](py::handle parents, py::handle depth, py::handle offsets) {
-    const int32_t* par = typed<int32_t>(parents, "parents");
-    const auto n = length(parents);
-    const int32_t* dep = typed<int32_t>(depth, "depth", n);
-    const int64_t* off = typed<int64_t>(offsets, "offsets");
-    if (length(offsets) < 1) throw py::value_error("offsets must have B + 1 >= 1 entries");
-    const auto b = length(offsets) - 1;
-    int32_t width = 1;
-    for (py::ssize_t i = 0; i < n; ++i) width = std::max(width, std::min(dep[i], 127) + 1);
-    py::array_t<int32_t> pos(n), paths({n, static_cast<py::ssize_t>(width)}), tree(n);
-    py::array_t<uint64_t> masks({n, static_cast<py::ssize_t>(2)});
-    {
-      py::gil_scoped_release release;
-      sssd::build_tree_buffers(par, dep, n, off, b, pos.mutable_data(), masks.mutable_data(), width,
-                               paths.mutable_data(), tree.mutable_data());
-    }
-    return py::make_tuple(pos, masks, paths, tree);
-  });
   m.def("select_sequence", [](py::handle parents, py::handle f, py::handle depth, py::handle cap,
                               py::handle max_depth, py::handle max_width) {
     const int32_t* par = typed<int32_t>(parents, "parents");

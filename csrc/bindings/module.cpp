@@ -14,7 +14,8 @@ void bind_tree_attention_emulation(py::module_& m);  // tree_attention_emulate_b
 PYBIND11_MODULE(_core, m) {
   m.doc() = "sssd native core (C++17): datastore, suffix arrays, search";
   m.def("has_openmp", &sssd::have_openmp, "True when the core was built with OpenMP.");
-  m.def("max_threads", &sssd::max_threads, "Threads the core's parallel loops use.");
+  m.def("max_threads", &sssd::max_threads,
+        "OpenMP's thread count: what the core's parallel loops use unless told (DrafterConfig.threads).");
   // register_exception both creates sssd._core.DatastoreError and translates the C++ exception to it;
   // a bare py::exception<> object only creates the class, and the C++ error would surface as the
   // RuntimeError of its std::runtime_error base.

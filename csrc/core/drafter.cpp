@@ -32,6 +32,9 @@ void validate_drafter_params(const DrafterParams& p) {
   if (p.ds_max_depth < 0) throw std::invalid_argument("ds_max_depth must be >= 0");
   if (p.max_tree_nodes < 0) throw std::invalid_argument("max_tree_nodes must be >= 0");
   if (p.pool_max_tokens < 0) throw std::invalid_argument("pool_max_tokens must be >= 0");
+  if (p.threads < 0 || p.threads > kMaxThreads) {
+    throw std::invalid_argument("threads must be in [0, " + std::to_string(kMaxThreads) + "]");
+  }
 }
 
 Drafter::Drafter(const DrafterParams& params, std::vector<DatastoreView> shards,
@@ -197,13 +200,17 @@ void Drafter::propose(const int64_t* rids, int64_t b, const int64_t* budgets, bo
   if (params_.use_datastore) check_shards(shards_);  // truncated files: an error here, not SIGBUS later
   const int64_t global = per_request ? 0 : budgets[0];
   if (static_cast<int64_t>(drafts_.size()) < b) drafts_.resize(static_cast<size_t>(b));
-  if (work_.size() < static_cast<size_t>(max_threads())) work_.resize(static_cast<size_t>(max_threads()));
-  parallel_for(b, [&](int64_t i) {
-    const int64_t want = per_request ? budgets[i] : global;
-    const auto cap = static_cast<int32_t>(std::min<int64_t>(want, params_.max_tree_nodes));
-    draft_one(*reqs[static_cast<size_t>(i)], cap, work_[static_cast<size_t>(thread_index())],
-              drafts_[static_cast<size_t>(i)]);
-  });
+  const int team = team_size(params_.threads);
+  if (work_.size() < static_cast<size_t>(team)) work_.resize(static_cast<size_t>(team));
+  parallel_for(
+      b,
+      [&](int64_t i) {
+        const int64_t want = per_request ? budgets[i] : global;
+        const auto cap = static_cast<int32_t>(std::min<int64_t>(want, params_.max_tree_nodes));
+        draft_one(*reqs[static_cast<size_t>(i)], cap, work_[static_cast<size_t>(thread_index())],
+                  drafts_[static_cast<size_t>(i)]);
+      },
+      2, team);
   std::vector<const double*> seq_f(static_cast<size_t>(b));
   std::vector<int32_t> lens(static_cast<size_t>(b));
   int64_t total = 0;

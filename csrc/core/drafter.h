@@ -36,10 +36,13 @@ struct DrafterParams {
   int32_t max_depth = 8, max_width = 0, max_tree_nodes = 127;
   int32_t ds_max_depth = 0;  // continuation tokens read per datastore occurrence (0: max_depth)
   int64_t pool_max_tokens = 1 << 20;
+  // Threads of propose's parallel region over requests (0: the OpenMP default; 1: no region at all).
+  int32_t threads = 0;
   // Token ids must be < vocab_size when > 0 (the model's vocabulary). A datastore may have a smaller
   // vocabulary: tokens past it never match there (OutOfVocab::kNoMatch); the other sources draft them.
   uint64_t vocab_size = 0;
 };
+constexpr int32_t kMaxThreads = 1024;  // DrafterParams::threads above this is a mistake, not a machine
 void validate_drafter_params(const DrafterParams& p);  // throws std::invalid_argument
 
 // Flat output of propose(): N nodes (roots included), B trees. Shapes in comments.
@@ -150,12 +153,5 @@ class Drafter {
   int64_t stamp_ = 0;
   std::mutex mutex_;
 };
-
-// Tree buffers for verification. For B trees (offsets [B+1]) of at most 128 nodes each:
-// positions[N] = depth; masks[N * 2] (bit j of node i's row: node j of the same tree is i or an
-// ancestor of i); paths[N * (max_depth + 1)] = global indices of root..node, padded with -1;
-// tree_index[N]. Throws std::invalid_argument on a malformed batch.
-void build_tree_buffers(const int32_t* parents, const int32_t* depth, int64_t n, const int64_t* offsets, int64_t b,
-                        int32_t* positions, uint64_t* masks, int32_t path_width, int32_t* paths, int32_t* tree_index);
 
 }  // namespace sssd

@@ -30,18 +30,23 @@ inline int thread_index() {
 #endif
 }
 
-// Calls fn(i) for i in [0, n). Runs serially when n < min_parallel (thread start-up costs more than the
-// work for tiny batches). The first exception thrown by any iteration is rethrown on the caller's thread;
-// remaining iterations are skipped once one failed.
+// Threads a parallel_for asked for `threads` uses: `threads` itself, or the OpenMP default when it is 0.
+inline int team_size(int threads) { return threads > 0 ? threads : max_threads(); }
+
+// Calls fn(i) for i in [0, n) on team_size(threads) threads (thread_index() < that). Runs serially, with
+// no OpenMP region at all, when n < min_parallel (thread start-up costs more than the work for tiny
+// batches) or the team is one thread. The first exception thrown by any iteration is rethrown on the
+// caller's thread; remaining iterations are skipped once one failed.
 template <class Fn>
-void parallel_for(int64_t n, Fn&& fn, int64_t min_parallel = 2) {
+void parallel_for(int64_t n, Fn&& fn, int64_t min_parallel = 2, int threads = 0) {
   if (n <= 0) return;
 #if SSSD_HAVE_OPENMP
-  if (n >= min_parallel && omp_get_max_threads() > 1) {
+  const int team = team_size(threads);
+  if (n >= min_parallel && team > 1) {
     std::exception_ptr error;
     std::mutex error_mutex;
     std::atomic<bool> failed{false};
-#pragma omp parallel for schedule(dynamic, 1)
+#pragma omp parallel for num_threads(team) schedule(dynamic, 1)
     for (int64_t i = 0; i < n; ++i) {
       if (failed.load(std::memory_order_relaxed)) continue;
       try {
@@ -56,6 +61,7 @@ void parallel_for(int64_t n, Fn&& fn, int64_t min_parallel = 2) {
   }
 #endif
   (void)min_parallel;
+  (void)threads;
   for (int64_t i = 0; i < n; ++i) fn(i);
 }
 

@@ -1,4 +1,5 @@
-// parallel_for: every index once, exceptions from worker threads rethrown on the caller's thread.
+// parallel_for: every index once, on the team asked for; exceptions from worker threads rethrown on the
+// caller's thread.
 #include <atomic>
 #include <stdexcept>
 #include <string>
@@ -28,6 +29,29 @@ TEST(parallel_every_index_once) {
     sssd::parallel_for(n, [&](int64_t i) { hits[static_cast<size_t>(i)]++; });
     for (const auto& h : hits) CHECK_EQ(h.load(), 1);
   }
+}
+
+TEST(parallel_uses_the_team_asked_for) {
+#if SSSD_HAVE_OPENMP
+  omp_set_num_threads(1);  // the OpenMP default is one thread; `threads` overrides it for one call
+#endif
+  for (int threads : {1, 3}) {
+    std::vector<std::atomic<int>> hits(200);
+    std::atomic<int> top{0};  // the largest thread_index() seen: work buffers are indexed by it
+    sssd::parallel_for(
+        200,
+        [&](int64_t i) {
+          hits[static_cast<size_t>(i)]++;
+          int seen = top.load();
+          while (sssd::thread_index() > seen && !top.compare_exchange_weak(seen, sssd::thread_index())) {
+          }
+        },
+        2, threads);
+    for (const auto& h : hits) CHECK_EQ(h.load(), 1);
+    CHECK(top.load() < sssd::team_size(threads));
+  }
+  CHECK_EQ(sssd::team_size(0), sssd::max_threads());
+  CHECK_EQ(sssd::team_size(5), 5);
 }
 
 TEST(parallel_exception_propagates) {

@@ -3,7 +3,7 @@
 The package follows the architecture (see each subpackage's docstring for what it owns and may import):
 
 - ``sssd.datastore``  suffix-array datastore: file format, build, open, search (numpy only)
-- ``sssd.drafter``    retrieval drafter, calibration, budget allocation, tree buffers (numpy only)
+- ``sssd.drafter``    retrieval drafter, calibration, budget allocation (numpy only)
 - ``sssd.engine``     continuous-batching engine, model adapter, KV cache, verification (torch)
 - ``sssd.kernels``    CUDA tree attention and KV commit wrappers and their references (torch)
 - ``sssd.policy``     cost model, adaptive and SLO-aware budget policy, admission, profiling
@@ -16,14 +16,6 @@ The public API is re-exported here as ``sssd.X``; the datastore and the drafter 
 engine's names (``sssd.Engine`` ...) import torch and transformers on first use.
 """
 
-import os
-
-# Idle OpenMP threads spin ("active" wait) for a while after each parallel region. The drafter runs one
-# short parallel region per decoding step next to a busy Python/torch thread; on a loaded 2-core machine
-# the spinning threads steal the CPU and each region stalled ~20 ms. Passive waiting sleeps instead. This
-# must be set before the OpenMP runtime starts, i.e. before importing _core; a user's setting wins.
-os.environ.setdefault("OMP_WAIT_POLICY", "passive")
-
 from sssd._core import DatastoreError, has_openmp, max_threads
 from sssd.datastore import (
     Datastore,
@@ -34,7 +26,7 @@ from sssd.datastore import (
     build_datastore,
     tokenizer_fingerprint,
 )
-from sssd.drafter import DraftBatch, Drafter, DrafterConfig, TreeBuffers, UnknownRequestError, tree_buffers
+from sssd.drafter import DraftBatch, Drafter, DrafterConfig, UnknownRequestError
 from sssd.evaluation import SimulationResult, simulate
 from sssd.kernels.tree_attention import cuda_available, has_cuda
 
@@ -90,7 +82,6 @@ __all__ = [
     "SimulationResult",
     "StreamEvent",
     "TokenizerMismatchError",
-    "TreeBuffers",
     "UnknownRequestError",
     "build_datastore",
     "cuda_available",
@@ -99,5 +90,4 @@ __all__ = [
     "max_threads",
     "simulate",
     "tokenizer_fingerprint",
-    "tree_buffers",
 ]

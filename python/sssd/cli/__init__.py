@@ -4,7 +4,9 @@ Each command module defines ``NAME``, ``add_arguments(parser)`` and ``run(args) 
 is its ``--help`` description. A command imports torch inside ``run``, so ``sssd --help`` and the
 commands without torch work on a minimal install. How errors end a command: ``sssd.cli.errors``.
 
-May import every other sssd subpackage (it is the top of the stack); nothing imports it.
+Imports: ``sssd.datastore``, ``sssd.drafter``, ``sssd.engine``, ``sssd.policy``, ``sssd.evaluation``,
+``sssd.models``, ``sssd.data``, ``sssd.fileio`` and ``sssd._core`` (it is the top of the stack; it may import
+any subpackage). Nothing imports it.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ import argparse
 import importlib
 import sys
 
+from sssd.cli.argtypes import CommandParser, version_text
 from sssd.cli.errors import run_guarded
 from sssd.cli.helpfmt import DefaultsHelpFormatter
 
 # (name, module, one-line help). Keep in alphabetical order.
 COMMANDS: list[tuple[str, str, str]] = [
+    ("build-datastore", "sssd.cli.build_datastore", "tokenize a corpus and write a datastore"),
     ("cache", "sssd.cli.cache", "show or clear the model cache (converted SmolLM2, tokenizers)"),
     ("calibrate", "sssd.cli.calibrate", "fit a calibration table on pairs with the simulator"),
     ("demo", "sssd.cli.demo", "SmolLM2 demo: generate with and without speculation, compare"),
@@ -33,7 +37,8 @@ NEEDS_TORCH = frozenset({"demo", "generate", "profile", "tune-drafter"})
 DESCRIPTION = """\
 sssd: lossless speculative decoding of Hugging Face causal LMs with a retrieval drafter. Greedy
 output is identical, token for token, to plain greedy decoding; only the speed changes. Datastores
-are built with the separate `build-datastore` command. `sssd COMMAND --help` explains each command."""
+are built with `sssd build-datastore` (also installed as the command `build-datastore`).
+`sssd COMMAND --help` explains each command."""
 
 EPILOG = """\
 model cache:
@@ -54,7 +59,7 @@ Reference: docs/cli.md.
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="sssd",
         description=DESCRIPTION,
         epilog=EPILOG,
@@ -63,6 +68,7 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--debug", action="store_true", help="show the traceback of an error (or SSSD_DEBUG=1)"
     )
+    parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, module, help_text in COMMANDS:
         mod = importlib.import_module(module)
@@ -78,7 +84,20 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = make_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command == "build-datastore":  # its inputs may come between its options: its own parser reads them
+        from datastore_tools.cli import main as build_main
+
+        at = argv.index(command)
+        debug = ["--debug"] if "--debug" in argv[:at] else []
+        return build_main(argv[at + 1 :] + debug, prog="sssd build-datastore")
+    try:
+        args = make_parser().parse_args(argv)
+    except SystemExit as e:  # a usage error, already said in one line: its status (--help still exits)
+        if not e.code:
+            raise
+        return int(e.code)
     module = importlib.import_module(args._module)
     extra = "torch" if args.command in NEEDS_TORCH else ""
     return run_guarded(f"sssd {args.command}", lambda: module.run(args), debug=args.debug, extra=extra)

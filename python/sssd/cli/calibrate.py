@@ -13,11 +13,19 @@ probabilities the drafter reported, and MAL.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
+from sssd.cli.argtypes import from_value_error, integer, real
 from sssd.evaluation.fitting import SOURCES, DrafterSpec, parse_sources
 
 NAME = "calibrate"
+# Below these the fit and its check rest on too few observations to mean much: the table has a monotone
+# map per (source, depth bucket, match-length bucket), and a held-out MAL over a few pairs moves with
+# each one (two pairs gave a "MAL 8.000"). The command still runs, with a warning.
+MIN_FIT_PAIRS = 20
+MIN_HELD_OUT_PAIRS = 10
+MIN_TESTED_NODES = 1000
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -26,17 +34,43 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output", required=True, help="calibration table JSON to write")
     p.add_argument(
         "--sources",
-        type=parse_sources,
+        type=from_value_error(parse_sources),
         default=SOURCES,
         help="comma list of drafting sources (datastore is left out when no --datastore is given)",
     )
-    p.add_argument("--budget", type=int, default=64, help="draft nodes per request while collecting")
-    p.add_argument("--batch-size", type=int, default=16, help="requests replayed together")
     p.add_argument(
-        "--rounds", type=int, default=2, help="replay rounds (1: with the identity table only; 2: then again)"
+        "--budget", type=integer(lo=1), default=64, help="draft nodes per request while collecting"
     )
-    p.add_argument("--holdout", type=float, default=0.3, help="share of pairs held out for the check")
+    p.add_argument("--batch-size", type=integer(lo=1), default=16, help="requests replayed together")
+    p.add_argument(
+        "--rounds",
+        type=integer(lo=1),
+        default=2,
+        help="replay rounds (1: with the identity table only; 2: then again)",
+    )
+    p.add_argument(
+        "--holdout",
+        type=real(0, 1, lo_open=True, hi_open=True),
+        default=0.3,
+        help="share of pairs held out for the check",
+    )
     p.add_argument("--subsets", help="comma list of pair subsets to use (default: all)")
+
+
+def _warn_if_little_data(fit_pairs: int, held_pairs: int, tested_nodes: float) -> None:
+    short = []
+    if fit_pairs < MIN_FIT_PAIRS:
+        short.append(f"{fit_pairs} pairs to fit (fewer than {MIN_FIT_PAIRS})")
+    if held_pairs < MIN_HELD_OUT_PAIRS:
+        short.append(f"{held_pairs} held out (fewer than {MIN_HELD_OUT_PAIRS})")
+    if tested_nodes < MIN_TESTED_NODES:
+        short.append(f"{tested_nodes:,.0f} tested nodes (fewer than {MIN_TESTED_NODES:,})")
+    if short:
+        print(
+            f"sssd calibrate: warning: too little data: {', '.join(short)}; the fitted table and the "
+            "check below are noise at this size: fit on more pairs (sssd generate --output on more prompts)",
+            file=sys.stderr,
+        )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,10 +78,6 @@ def run(args: argparse.Namespace) -> int:
     from sssd.evaluation.fitting import calibration_error, collect_records, fit_calibration
     from sssd.evaluation.pairs import load_pairs, split_pairs
 
-    if args.budget < 1 or args.batch_size < 1:
-        raise ValueError("--budget and --batch-size must be >= 1")
-    if not 0.0 < args.holdout < 1.0:
-        raise ValueError("--holdout must be in (0, 1)")
     sources = tuple(args.sources)
     if "datastore" in sources and args.datastore is None:
         if args.sources is SOURCES:
@@ -75,6 +105,7 @@ def run(args: argparse.Namespace) -> int:
     table.save(args.output)
     n_obs = float(table.weights.sum())
     print(f"fitted on {n_obs:,.0f} tested nodes in {time.perf_counter() - t0:.1f} s -> {args.output}\n")
+    _warn_if_little_data(len(fit_on), len(held), n_obs)
     print("| table (held-out pairs) | ECE | tested nodes | MAL |")
     print("|---|---|---|---|")
     for name, tab in (

@@ -57,7 +57,8 @@ def missing_dependency(e: ImportError, prog: str, extra: str = "") -> str:
     elif name and name not in HF_MODULES:
         return f"{describe(e)} (a Python package is missing or broken)"
     extra = extra or "torch"
-    return f"{prog} needs {EXTRA_PACKAGES[extra]}: pip install 'sssd[{extra}]' ({describe(e)})"
+    # sssd is installed from a clone of its repository (it is not on the package index)
+    return f'{prog} needs {EXTRA_PACKAGES[extra]}: pip install ".[{extra}]" in the sssd clone ({describe(e)})'
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:

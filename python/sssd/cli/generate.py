@@ -15,11 +15,16 @@ import sys
 import time
 from typing import Any
 
+from sssd.cli.argtypes import integer, real
 from sssd.cli.datastores import open_checked_datastore
 from sssd.cli.header import NOTE, describe_run, ignored_options
+from sssd.cli.stream_print import StreamPrinter
 from sssd.models.loading import DTYPE_CHOICES, DTYPE_HELP
 
 NAME = "generate"
+# EngineConfig.attention's values (sssd.engine.adapter.ATTENTION_BACKENDS, which imports torch: a test
+# keeps the two equal), so that --help and a wrong value need no torch and no model.
+ATTENTION_CHOICES = ("auto", "sdpa", "packed", "emulated")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -49,10 +54,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--no-chat", dest="chat", action="store_const", const=False, help="give text prompts as they are"
     )
     p.add_argument("--output", help="write (prompt, output) token pairs as JSONL (build-datastore input)")
-    p.add_argument("--batch-size", type=int, default=1, help="requests verified together")
+    p.add_argument("--batch-size", type=integer(lo=1), default=1, help="requests verified together")
     p.add_argument(
         "--budget",
-        type=int,
+        type=integer(lo=0),
         default=16,
         help="draft nodes per step for the whole batch (adaptive mode: at most); 0 = plain decoding",
     )
@@ -64,20 +69,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "always --budget",
     )
     p.add_argument("--cost-profile", help="cost profile JSON from `sssd profile` (seeds adaptive mode)")
-    p.add_argument("--max-new-tokens", type=int, default=256, help="tokens generated per prompt, at most")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples")
-    p.add_argument("--top-k", type=int, default=0, help="sampling: keep the k likeliest tokens (0: all)")
-    p.add_argument("--top-p", type=float, default=1.0, help="sampling: nucleus probability mass")
+    p.add_argument(
+        "--max-new-tokens", type=integer(lo=1), default=256, help="tokens generated per prompt, at most"
+    )
+    p.add_argument("--temperature", type=real(lo=0), default=0.0, help="0 = greedy; > 0 samples")
+    p.add_argument(
+        "--top-k", type=integer(lo=0), default=0, help="sampling: keep the k likeliest tokens (0: all)"
+    )
+    p.add_argument(
+        "--top-p", type=real(0, 1, lo_open=True), default=1.0, help="sampling: nucleus probability mass"
+    )
     p.add_argument("--seed", type=int, help="sampling: seed of prompt 0 (prompt i uses seed + i)")
     p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, help=DTYPE_HELP)
     p.add_argument("--device", default="auto", help="auto (a GPU when torch sees one), cpu, cuda, cuda:1")
     p.add_argument(
         "--attention",
         default="auto",
+        choices=ATTENTION_CHOICES,
         help="verification attention: auto (the CUDA tree kernel where it can run, else sdpa), sdpa, "
         "packed, emulated (see docs/cuda.md)",
     )
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--threads", type=integer(lo=0), default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--baseline", action="store_true", help="also run plain decoding: measured speedup")
     p.add_argument("--quiet", action="store_true", help="do not print the outputs")
 
@@ -93,14 +105,17 @@ def _read_prompts(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def _prompt_ids(items: list[dict[str, Any]], tokenizer: Any, chat: bool) -> list[dict[str, Any]]:
-    """Fills in the token ids of text items (in the chat template with ``chat``)."""
-    from sssd.models.loading import chat_ids
+    """Fills in the token ids of text items (as one user message in the chat template with ``chat``)."""
+    from sssd.engine.chat import chat_prompt_ids
 
     for it in items:
         if it["ids"] is None:
             if not it["text"]:
                 raise ValueError(f"prompt {it['id']} is empty")
-            it["ids"] = chat_ids(tokenizer, it["text"]) if chat else tokenizer(it["text"])["input_ids"]
+            if chat:
+                it["ids"] = chat_prompt_ids([{"role": "user", "content": it["text"]}], tokenizer)
+            else:
+                it["ids"] = tokenizer(it["text"])["input_ids"]
         it["ids"] = [int(x) for x in it["ids"]]
     return items
 
@@ -130,17 +145,45 @@ def _engine(model: Any, tokenizer: Any, ds: Any, args: argparse.Namespace, budge
     return sssd.Engine(model, tokenizer, drafter=drafter, config=cfg)
 
 
-def _run(engine: Any, prompts: list[list[int]], args: argparse.Namespace) -> tuple[list[Any], float]:
-    t0 = time.perf_counter()
-    res = engine.generate(
-        prompts,
+def _sampling(args: argparse.Namespace, index: int) -> dict[str, Any]:
+    """The sampling parameters of prompt ``index``: with a seed, prompt i samples with seed + i (as
+    ``Engine.generate`` does, so the baseline run draws the same)."""
+    seed = None if args.seed is None else args.seed + index
+    return dict(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
         top_k=args.top_k,
         top_p=args.top_p,
-        seed=args.seed,
+        seed=seed,
     )
+
+
+def _run(engine: Any, prompts: list[list[int]], args: argparse.Namespace) -> tuple[list[Any], float]:
+    t0 = time.perf_counter()
+    res = engine.generate(prompts, **_sampling(args, 0))
     return res, time.perf_counter() - t0
+
+
+def _stream(engine: Any, items: list[dict[str, Any]], args: argparse.Namespace) -> tuple[list[Any], float]:
+    """Runs every prompt and prints each one's text as it is generated (not with --quiet). Ctrl-C shows
+    what was generated, then propagates (exit status 130). Returns (results in prompt order, seconds)."""
+    printer = StreamPrinter([str(it["id"]) for it in items], [len(it["ids"]) for it in items])
+    t0 = time.perf_counter()
+    index = {engine.add_request(it["ids"], **_sampling(args, i)): i for i, it in enumerate(items)}
+    results: list[Any] = [None] * len(items)
+    try:
+        while engine.has_unfinished():
+            for e in engine.step():
+                i = index[e.request_id]
+                if e.finished:
+                    results[i] = engine.result(e.request_id) or e.result
+                if not args.quiet:
+                    printer.event(i, e.text, len(e.tokens), results[i])
+    except KeyboardInterrupt:
+        if not args.quiet:
+            printer.interrupted()
+        raise
+    return results, time.perf_counter() - t0
 
 
 def summary(engine: Any, results: list[Any], seconds: float) -> dict[str, float]:
@@ -180,21 +223,12 @@ def _compare(model: Any, tokenizer: Any, prompts: list, results: list, engine: A
 
 
 def _check(args: argparse.Namespace) -> None:
-    for name in ("batch_size", "max_new_tokens"):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
-    if args.budget < 0:
-        raise ValueError("--budget must be >= 0")
+    """Notes on options that do not apply (the values themselves were checked by the parser)."""
     for note in ignored_options(args):
         print(f"sssd generate: {NOTE}: {note}", file=sys.stderr)
 
 
-def _print_results(items: list[dict[str, Any]], results: list[Any], stats: dict, quiet: bool) -> None:
-    for it, r in zip(items, results, strict=True):
-        if not quiet:
-            mal = r.stats.tokens_per_step
-            print(f"=== {it['id']} ({len(r.tokens)} tokens, {r.finish_reason}, MAL {mal:.2f})")
-            print(r.text)
+def _print_summary(stats: dict) -> None:
     n = stats["requests"]
     print(
         f"\n{n} request{'s' * (n != 1)}, {stats['tokens']} tokens in {stats['seconds']:.2f} s: "
@@ -228,22 +262,31 @@ def run(args: argparse.Namespace) -> int:
     prompts = [it["ids"] for it in items]
     engine = _engine(model, tokenizer, ds, args, args.budget)
     print(describe_run(args, engine, path, ds, chat, items), flush=True)
-    results, seconds = _run(engine, prompts, args)
-    _print_results(items, results, summary(engine, results, seconds), args.quiet)
+    results, seconds = _stream(engine, items, args)
+    _print_summary(summary(engine, results, seconds))
     if args.budget > 0:
         _compare(model, tokenizer, prompts, results, engine, args)
     if args.output:
-        from sssd.evaluation.pairs import Pair, save_pairs
-
-        pairs = [
-            Pair.make(
-                it["ids"],
-                r.tokens,
-                id=str(it["id"]),
-                extra={"text": it["text"], "finished": r.finish_reason in ("eos", "stop")},
-            )
-            for it, r in zip(items, results, strict=True)
-        ]
-        save_pairs(pairs, args.output)
-        print(f"wrote {len(results)} pairs to {args.output}", file=sys.stderr)
+        _save_pairs(args.output, items, results, engine)
     return 0
+
+
+def _save_pairs(path: str, items: list[dict[str, Any]], results: list[Any], engine: Any) -> None:
+    """(prompt, output) token pairs as JSONL. Each records the tokenizer (fingerprint) and the model's
+    vocabulary size, so that ``build-datastore pairs.jsonl`` makes a datastore checked against the model
+    without being told which tokenizer made the ids."""
+    from sssd.datastore.fingerprint import tokenizer_fingerprint
+    from sssd.evaluation.pairs import Pair, save_pairs
+
+    vocab = {"tokenizer": tokenizer_fingerprint(engine.tokenizer), "vocab_size": int(engine.vocab_size)}
+    pairs = [
+        Pair.make(
+            it["ids"],
+            r.tokens,
+            id=str(it["id"]),
+            extra={"text": it["text"], "finished": r.finish_reason in ("eos", "stop"), **vocab},
+        )
+        for it, r in zip(items, results, strict=True)
+    ]
+    save_pairs(pairs, path)
+    print(f"wrote {len(results)} pairs to {path}", file=sys.stderr)

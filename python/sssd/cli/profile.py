@@ -11,6 +11,7 @@ import argparse
 import time
 from pathlib import Path
 
+from sssd.cli.argtypes import integer, integer_list
 from sssd.models.loading import DTYPE_CHOICES, DTYPE_HELP
 
 NAME = "profile"
@@ -41,28 +42,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--baseline", default=None, choices=("prompt-lookup",), help="time a baseline drafter")
     p.add_argument("--quick", action="store_true", help="a small grid (seconds, not minutes)")
-    p.add_argument("--batch-sizes", default=None, help=_grid_help("batch sizes", "batch_sizes"))
-    p.add_argument("--contexts", default=None, help=_grid_help("prompt lengths", "contexts"))
-    p.add_argument("--budgets", default=None, help=_grid_help("tree tokens per step", "budgets"))
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument("--batch-sizes", type=integer_list(lo=1), help=_grid_help("batch sizes", "batch_sizes"))
+    p.add_argument("--contexts", type=integer_list(lo=2), help=_grid_help("prompt lengths", "contexts"))
+    p.add_argument("--budgets", type=integer_list(lo=0), help=_grid_help("tree tokens per step", "budgets"))
+    p.add_argument("--threads", type=integer(lo=1), help="torch threads (default: torch's choice)")
     p.add_argument("--device", default="auto", help="auto (a GPU when torch sees one), cpu, cuda, ...")
     p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES, help=DTYPE_HELP)
     p.add_argument("--seed", type=int, default=0, help="seed of the random prompts and trees measured")
     p.add_argument(
         "--refit", default=None, help="fit a saved profile's samples again, no measuring; writes --output"
     )
-
-
-def _ints(text: str | None, default: tuple[int, ...]) -> tuple[int, ...]:
-    if text is None:
-        return default
-    try:
-        vals = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise ValueError(f"expected a comma list of ints, got {text!r}") from None
-    if not vals or min(vals) < 0:
-        raise ValueError(f"expected non-negative ints, got {text!r}")
-    return vals
 
 
 def _contexts(pairs_path: str | None, n: int = 64):
@@ -113,16 +102,14 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     base = prof.ProfileGrid.quick() if args.quick else prof.ProfileGrid()
     grid = prof.ProfileGrid(
-        _ints(args.batch_sizes, base.batch_sizes),
-        _ints(args.contexts, base.contexts),
-        _ints(args.budgets, base.budgets),
+        tuple(args.batch_sizes or base.batch_sizes),
+        tuple(args.contexts or base.contexts),
+        tuple(args.budgets or base.budgets),
         base.steps,
         base.draft_batch_sizes,
         base.draft_budgets,
         base.draft_repeats,
     )
-    if min(grid.batch_sizes) < 1 or min(grid.contexts) < 2:
-        raise ValueError("batch sizes must be >= 1 and contexts >= 2 tokens")
     from sssd.models.loading import load_model
 
     model, _, path = load_model(args.model, args.dtype, args.device)
@@ -130,7 +117,9 @@ def run(args: argparse.Namespace) -> int:
     say = lambda msg: print(msg, flush=True)  # noqa: E731
     t0 = time.perf_counter()
     with torch.inference_mode():
-        fwd = prof.profile_forward(model, grid, seed=args.seed, progress=say)
+        fwd = prof.profile_forward(
+            engine_factory(model), int(model.config.vocab_size), grid, seed=args.seed, progress=say
+        )
     make_drafter = _drafter_factory(args)
     drafting = prof.profile_drafting(make_drafter, _contexts(args.pairs), grid, progress=say)
     meta = prof.machine_meta(name)
@@ -141,6 +130,17 @@ def run(args: argparse.Namespace) -> int:
     print(f"forward fit: median relative error {100 * prof.fit_error(cm, fwd):.1f}% on {len(fwd)} steps")
     print(f"wrote {args.output} in {time.perf_counter() - t0:.1f} s")
     return 0
+
+
+def engine_factory(model):
+    """``profile_forward``'s ``make_engine``: an sssd Engine over ``model`` per grid point."""
+    from sssd.engine.engine import Engine, EngineConfig
+
+    def make_engine(drafter, policy, max_batch_size: int, cache_rows: int) -> Engine:
+        config = EngineConfig(policy=policy, max_batch_size=max_batch_size, initial_cache_rows=cache_rows)
+        return Engine(model, drafter=drafter, config=config)
+
+    return make_engine
 
 
 def _drafter_factory(args):

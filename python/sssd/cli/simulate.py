@@ -6,15 +6,8 @@ import argparse
 import json
 import sys
 
+from sssd.cli.argtypes import from_value_error, integer, integer_list
 from sssd.evaluation.fitting import BASELINES, SOURCES, DrafterSpec, make_drafter, parse_sources
-
-
-def parse_int_list(text: str) -> list[int]:
-    """'16,64' -> [16, 64] (argparse type: a ValueError becomes a usage error)."""
-    out = [int(x) for x in text.split(",") if x.strip()]
-    if not out or min(out) < 0:
-        raise ValueError(f"expected non-negative ints, got {text!r}")
-    return out
 
 
 def open_datastore(path: str | None):
@@ -33,11 +26,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--datastore", help="datastore file or shard directory (for the datastore source)")
     p.add_argument(
         "--budget",
-        type=parse_int_list,
+        type=integer_list(lo=0),
         default=[16, 64],
         help="draft nodes per request; a comma list runs each",
     )
-    p.add_argument("--batch-size", type=int, default=16, help="requests advancing together")
+    p.add_argument("--batch-size", type=integer(lo=1), default=16, help="requests advancing together")
     p.add_argument(
         "--allocation",
         choices=("per-request", "global"),
@@ -49,7 +42,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--compare", action="store_true", help="also run the prompt-lookup baseline (same budgets)"
     )
     p.add_argument(
-        "--sources", type=parse_sources, default=SOURCES, help=f"comma list of {','.join(SOURCES)}"
+        "--sources",
+        type=from_value_error(parse_sources),
+        default=SOURCES,
+        help=f"comma list of {','.join(SOURCES)}",
     )
     p.add_argument(
         "--calibration",
@@ -59,22 +55,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--subsets", help="comma list of pair subsets to keep, e.g. mtbench,humaneval (default: all)"
     )
-    p.add_argument("--limit", type=int, help="use only the first N pairs (default: all)")
+    p.add_argument("--limit", type=integer(lo=1), help="use only the first N pairs (default: all)")
     p.add_argument(
         "--draft-model",
         help="a draft model directory (e.g. from sssd tune-drafter): adds the model drafter's rows and "
         "those of the retrieval drafter and the model merged into one tree (calibrated online)",
     )
-    p.add_argument("--draft-top-k", type=int, default=4, help="model drafter: children per expanded node")
+    p.add_argument(
+        "--draft-top-k", type=integer(lo=1), default=4, help="model drafter: children per expanded node"
+    )
     p.add_argument("--details", action="store_true", help="also print acceptance per source and per depth")
     p.add_argument("--json", dest="json_out", help="write the results as JSON to this file")
 
 
 def _check(args: argparse.Namespace) -> None:
-    if args.batch_size < 1:
-        raise ValueError("--batch-size must be >= 1")
-    if args.limit is not None and args.limit < 1:
-        raise ValueError("--limit must be >= 1")
     if args.baseline is None and "datastore" in args.sources and args.datastore is None:
         if args.sources is SOURCES:  # the default: quietly drop the datastore source
             args.sources = tuple(s for s in SOURCES if s != "datastore")
@@ -101,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         rows += _model_rows(args, specs[0], ds)
     n_prompt, n_out = total_tokens(pairs)
     print(f"pairs: {len(pairs)} ({n_prompt:,} prompt tokens, {n_out:,} output tokens)")
-    print(f"batch size {args.batch_size}, allocation {args.allocation}, online calibration {args.online}\n")
+    print(f"batch size {args.batch_size}, allocation {args.allocation}, {_calibration_words(args)}\n")
     subsets = [s for s in sorted({p.subset for p in pairs}) if s]
     head = [
         "drafter",
@@ -109,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
         "MAL",
         *[f"MAL {s}" for s in subsets],
         "drafted/step",
-        "accept",
+        "accepted/drafted",
         "µs/req/step",
     ]
     print("| " + " | ".join(head) + " |")
@@ -128,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
             cells = [label, str(budget), f"{r.mal:.3f}", *[f"{r.subset_mal(s):.3f}" for s in subsets]]
             cells += [
                 f"{r.drafted_tokens / r.steps:.1f}",
-                f"{r.acceptance_rate:.3f}",
+                f"{r.acceptance_rate:.3f}" if r.drafted_tokens else "- (none drafted)",
                 f"{r.us_per_request_step:.1f}",
             ]
             print("| " + " | ".join(cells) + " |")
@@ -149,6 +143,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _calibration_words(args: argparse.Namespace) -> str:
+    """How the drafters' node scores are calibrated in this run, in words."""
+    if args.baseline is not None:
+        return f"baseline {args.baseline} (no calibration)"
+    table = {None: "the shipped calibration table", "none": "raw scores (no calibration table)"}
+    words = table.get(args.calibration, f"calibration table {args.calibration}")
+    return words + (", updated online from the replayed outcomes" if args.online else ", fixed")
+
+
 def _model_rows(args: argparse.Namespace, spec: DrafterSpec, ds) -> list:
     """Rows for ``--draft-model``: the model drafter alone, and merged with the retrieval drafter of
     ``spec``. Both calibrate online (the model drafter's scores start as raw draft probabilities)."""
@@ -158,8 +161,6 @@ def _model_rows(args: argparse.Namespace, spec: DrafterSpec, ds) -> list:
     from sssd.drafter.merge import MergedDrafter
     from sssd.drafter.model import ModelDrafter, ModelDrafterConfig
 
-    if args.draft_top_k < 1:
-        raise ValueError("--draft-top-k must be >= 1")
     model = AutoModelForCausalLM.from_pretrained(args.draft_model, dtype=torch.float32).eval()
     cfg = ModelDrafterConfig(top_k=args.draft_top_k)
     name = f"model({args.draft_model.rstrip('/').split('/')[-1]})"

@@ -4,9 +4,10 @@ The draft (--draft) is the target's first N decoder layers with its embedding, f
 (layers:N), a narrower random model of the same vocabulary (width:H[,layers:N]), or an existing model
 directory of the same vocabulary. It learns the target's greedy tokens (cross-entropy; --kl-weight adds
 the KL divergence to the target's logits, computed on the fly) from --data: (prompt, output) pairs JSONL
-as `sssd generate --output` writes, and/or token corpora NAME.tokens.npy (+ NAME.offsets.npy) of the
-target's outputs. A --holdout share of the documents is never trained on: progress lines report the
-top-1 agreement with the target there. --eval-pairs measures it on other pairs before and after.
+as `sssd generate --output` writes, and/or token corpora of the target's outputs: NAME.tokens.npy
+(+ NAME.offsets.npy), or an .npz (tokens, offsets) such as the bundled sample corpus. A --holdout
+share of the documents is never trained on: progress lines report the top-1 agreement with the target
+there. --eval-pairs measures it on other pairs before and after.
 --drafts K > 1 trains K drafts in turn, each later one weighted toward the positions the earlier ones
 miss (boosting; see docs/tuning.md). The output directory appears complete or not at all (Ctrl-C,
 an error: nothing is written).
@@ -20,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from sssd.cli.argtypes import integer, real
 
 NAME = "tune-drafter"
 DEFAULT_DRAFT = "layers:4"
@@ -36,8 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--data",
         action="append",
         required=True,
-        help="training data, repeatable: pairs .jsonl (prompt_ids, output_ids) or NAME.tokens.npy with "
-        "NAME.offsets.npy beside it",
+        help="training data, repeatable: pairs .jsonl (prompt_ids, output_ids), NAME.tokens.npy with "
+        "NAME.offsets.npy beside it, or an .npz with arrays tokens and offsets (e.g. the bundled sample "
+        "corpus, sssd.data.sample_corpus_path())",
     )
     p.add_argument(
         "--draft",
@@ -45,34 +49,48 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="layers:N (the target's first N layers), width:H[,layers:N] (narrower, random decoder), or a "
         "model directory to continue from",
     )
-    p.add_argument("--drafts", type=int, default=1, help="drafts to train in turn (boosting when > 1)")
-    p.add_argument("--steps", type=int, default=200, help="optimizer steps per draft")
-    p.add_argument("--batch-size", type=int, default=4, help="packed rows per step")
-    p.add_argument("--seq-len", type=int, default=128, help="tokens per packed row")
-    p.add_argument("--lr", type=float, default=2e-3, help="AdamW peak learning rate (warm-up, cosine decay)")
-    p.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay of the matrices")
-    p.add_argument("--warmup", type=int, default=20, help="steps of linear learning-rate warm-up")
+    p.add_argument(
+        "--drafts", type=integer(lo=1), default=1, help="drafts to train in turn (boosting when > 1)"
+    )
+    p.add_argument("--steps", type=integer(lo=1), default=200, help="optimizer steps per draft")
+    p.add_argument("--batch-size", type=integer(lo=1), default=4, help="packed rows per step")
+    p.add_argument("--seq-len", type=integer(lo=1), default=128, help="tokens per packed row")
+    p.add_argument(
+        "--lr",
+        type=real(0, lo_open=True),
+        default=2e-3,
+        help="AdamW peak learning rate (warm-up, cosine decay)",
+    )
+    p.add_argument("--weight-decay", type=real(0), default=0.01, help="AdamW weight decay of the matrices")
+    p.add_argument("--warmup", type=integer(lo=0), default=20, help="steps of linear learning-rate warm-up")
     p.add_argument(
         "--kl-weight",
-        type=float,
+        type=real(0, 1),
         default=0.0,
         help="share of the loss that is KL to the target's logits (runs the target every step; 0: "
         "cross-entropy to its tokens only)",
     )
-    p.add_argument("--temperature", type=float, default=1.0, help="temperature of the KL term")
+    p.add_argument(
+        "--temperature", type=real(0, lo_open=True), default=1.0, help="temperature of the KL term"
+    )
     p.add_argument(
         "--boost-weight",
-        type=float,
+        type=real(0, 1),
         default=0.1,
         help="--drafts > 1: weight of positions an earlier draft already predicts (0: drop them)",
     )
     p.add_argument("--train-embeddings", action="store_true", help="also train the embedding and LM head")
-    p.add_argument("--holdout", type=float, default=0.05, help="share of documents held out (progress)")
+    p.add_argument(
+        "--holdout",
+        type=real(0, 1, hi_open=True),
+        default=0.05,
+        help="share of documents held out (progress)",
+    )
     p.add_argument("--eval-pairs", help="pairs JSONL never trained on: agreement before and after tuning")
-    p.add_argument("--eval-every", type=int, default=100, help="steps between held-out evaluations")
+    p.add_argument("--eval-every", type=integer(lo=0), default=100, help="steps between held-out evaluations")
     p.add_argument("--seed", type=int, default=0, help="seed of the split, the shuffle and the init")
     p.add_argument("--device", default="auto", help="auto (a GPU when torch sees one), cpu, cuda, cuda:1")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--threads", type=integer(lo=0), default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--force", action="store_true", help="replace an existing --out directory")
 
 
@@ -80,8 +98,6 @@ def _check(args: argparse.Namespace) -> Any:
     from sssd.models.draft import DraftSpec
     from sssd.models.tuning import TuneConfig
 
-    if args.drafts < 1:
-        raise ValueError("--drafts must be >= 1")
     if Path(args.out).exists() and not args.force:
         raise FileExistsError(f"{args.out} exists: choose another --out or pass --force to replace it")
     if not Path(args.out).parent.is_dir():
@@ -128,11 +144,13 @@ def read_data(paths: list[str], vocab_size: int) -> list:
     for path in paths:
         if path.endswith(".jsonl"):
             part = _pairs_docs(path, vocab_size)
-        elif path.endswith(".npy"):
+        elif path.endswith((".npy", ".npz")):
             part = load_corpus(path)
             check_token_range(part, vocab_size, path)
         else:
-            raise ValueError(f"{path}: --data takes pairs .jsonl or NAME.tokens.npy (+ NAME.offsets.npy)")
+            raise ValueError(
+                f"{path}: --data takes pairs .jsonl, NAME.tokens.npy (+ NAME.offsets.npy) or an .npz corpus"
+            )
         if not part:
             raise ValueError(f"{path}: no documents with output tokens (empty data)")
         docs += part

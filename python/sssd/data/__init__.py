@@ -7,6 +7,8 @@ prompts (MT-Bench and HumanEval items of the development set, none of them among
 then hand-written ones that give the model text to work from: two each of answering from a passage, JSON
 from given text, and editing given code. Regenerate both with ``tools/make_sample_corpus.py`` (it keeps
 the hand-written prompts).
+
+Imports: numpy. Nothing of sssd.
 """
 
 from __future__ import annotations

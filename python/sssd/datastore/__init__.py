@@ -5,7 +5,8 @@ index), building (``build_datastore``, atomic writes), opening (O(1), mmap), che
 searching (context suffix → count-weighted continuation trie), plus the tokenizer fingerprint that ties a
 file to its vocabulary. ``reference`` holds the slow, obviously-correct Python oracle of all of it.
 
-May import: ``sssd._core``, ``sssd.fileio`` and numpy. Nothing else in sssd (it is the bottom layer).
+Imports: ``sssd._core`` (the native format, build and search) and ``sssd.checks``, and numpy. Nothing
+else of sssd (it is the bottom layer).
 """
 
 from sssd.datastore.fingerprint import tokenizer_fingerprint

@@ -22,6 +22,7 @@ from sssd.datastore.fingerprint import MAX_FINGERPRINT_BYTES, same_vocabulary, t
 PathLike = Union[str, "os.PathLike[str]"]
 Progress = Callable[[str, int, int], None]
 SHARD_SUFFIX = ".sssd"
+FILE_MAGIC = b"SSSDSTOR"  # the first 8 bytes of every datastore file (csrc/core/datastore_format.h)
 
 
 class TokenizerMismatchError(DatastoreError):
@@ -156,7 +157,7 @@ class Datastore:
         datastore was built with; a different vocabulary raises TokenizerMismatchError.
         """
         paths = _shard_paths(path)
-        ds = cls([_core.Datastore(p) for p in paths])
+        ds = cls([_open_shard(p) for p in paths])
         if tokenizer is not None:
             ds.check_tokenizer(tokenizer)
         return ds
@@ -247,6 +248,22 @@ class Datastore:
         """Full O(n) check of every shard (order of the suffix array included). Raises DatastoreError."""
         for s in self._shards:
             s.verify(progress)
+
+
+def _open_shard(path: str) -> Any:
+    """The native datastore of one file. A file too short for a header is told apart by its first bytes:
+    one that does not start as a datastore does is "not an sssd datastore" whatever its size (a text
+    file given by mistake); one that does, or an empty one, was cut short ("truncated")."""
+    try:
+        return _core.Datastore(path)
+    except DatastoreError as e:
+        if "smaller than a datastore header" not in str(e):
+            raise
+        with open(path, "rb") as f:
+            head = f.read(len(FILE_MAGIC))
+        if head and not FILE_MAGIC.startswith(head):
+            raise DatastoreError(f"{path}: not an sssd datastore (bad magic bytes)") from None
+        raise
 
 
 def _shard_paths(path: PathLike | Sequence[PathLike]) -> list[str]:

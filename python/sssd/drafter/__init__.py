@@ -3,21 +3,21 @@
 Owns the retrieval drafter (``retrieval``: the request's own tokens, the datastore and the recent-outputs
 pool fused into one tree per request, chosen best-first by accumulated probability under one budget for
 the whole batch, optionally SLO-aware), the calibration of its node scores (``calibration``), the batch
-budget allocation and selection as pure functions (``allocation``), the tree metadata the model needs
-(``buffers``: positions, ancestor masks, accepted-path indexes) and the Python oracle of all of it
-(``reference``). Beside the retrieval drafter, with the same API: ``model.py`` (``ModelDrafter``: a small
-causal LM as the drafter, expansion or dynamic trees, greedy or sampled with draft distributions),
-``model_calibration.py`` (its online score table), ``merge.py`` (``MergedDrafter``: several drafters'
-trees merged into one per request) and ``assemble.py`` (best-first selection over candidate nodes and
-packing into a ``DraftBatch``, numpy only).
+budget allocation and selection as pure functions (``allocation``) and the Python oracle of all of it
+(``reference``). The trees leave as a ``DraftBatch`` (flat arrays); the engine checks them and builds
+the masks the model needs (``sssd.engine.trees``). Beside the retrieval drafter, with the same API:
+``model.py`` (``ModelDrafter``: a small causal LM as the drafter, expansion or dynamic trees, greedy or
+sampled with draft distributions), ``model_calibration.py`` (its online score table), ``merge.py``
+(``MergedDrafter``: several drafters' trees merged into one per request) and ``assemble.py`` (best-first
+selection over candidate nodes and packing into a ``DraftBatch``, numpy only).
 
-May import: ``sssd.datastore``, ``sssd._core``, ``sssd.fileio`` and numpy. Never the policy; never the
-engine or torch, with one exception: ``model.py`` imports ``sssd.engine`` (the ``ModelAdapter`` and
-``KVCache`` that run the draft model: no forked modeling code) and torch. It is imported lazily
-(``sssd.ModelDrafter``), so ``import sssd.drafter`` still needs only numpy.
+Imports: ``sssd.datastore``, ``sssd._core``, ``sssd.checks``, ``sssd.fileio`` and numpy; and
+``sssd.engine`` with torch, for the model drafter: it runs its draft model through the engine's
+``ModelAdapter`` and KV cache (no forked modeling code), so the engine never imports a drafter (it
+duck-types them). ``model.py`` is imported lazily (``sssd.ModelDrafter``): ``import sssd.drafter`` needs
+only numpy. Never the policy.
 """
 
-from sssd.drafter.buffers import TreeBuffers, tree_buffers
 from sssd.drafter.retrieval import DraftBatch, Drafter, DrafterConfig, UnknownRequestError
 
-__all__ = ["DraftBatch", "Drafter", "DrafterConfig", "TreeBuffers", "UnknownRequestError", "tree_buffers"]
+__all__ = ["DraftBatch", "Drafter", "DrafterConfig", "UnknownRequestError"]

@@ -27,7 +27,8 @@ import numpy as np
 
 from sssd.checks import check_int, int_array
 from sssd.drafter.assemble import Candidates, ModelDraftBatch, build_batch, select
-from sssd.drafter.retrieval import UnknownRequestError, _request_ids, _tokens, is_scalar_budget
+from sssd.drafter.contexts import RequestContexts
+from sssd.drafter.retrieval import _request_ids, _tokens, is_scalar_budget
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class MergedDrafterConfig:
         check_int(self.max_tree_nodes, "max_tree_nodes", lo=0)
 
 
-class MergedDrafter:
+class MergedDrafter(RequestContexts):
     """One drafter over several (see the module docstring). ``source`` codes index ``sources``."""
 
     def __init__(self, sources: Sequence[Any], config: MergedDrafterConfig | None = None):
@@ -57,7 +58,7 @@ class MergedDrafter:
                     raise TypeError(f"{type(d).__name__} has no {m}() method: not a drafter")
         names = [type(d).__name__ for d in self.sources]
         self.source_names = tuple(n if names.count(n) == 1 else f"{n}{i}" for i, n in enumerate(names))
-        self._ctx: dict[int, list[int]] = {}
+        RequestContexts.__init__(self)
         self._last: tuple[np.ndarray, list[Any]] | None = None  # the last propose: rids and source batches
 
     @property
@@ -89,12 +90,6 @@ class MergedDrafter:
                 d.remove_request(rid)
             raise
         self._ctx[rid] = toks.tolist()
-
-    def _known(self, rid: Any) -> int:
-        rid = check_int(rid, "rid")
-        if rid not in self._ctx:
-            raise UnknownRequestError(f"unknown request id {rid}")
-        return rid
 
     def _vocab(self) -> int:
         """The smallest vocabulary a source checks token ids against (0: none)."""
@@ -139,15 +134,6 @@ class MergedDrafter:
                 errors.append(e)
         if errors:
             raise errors[0]
-
-    def has_request(self, rid: int) -> bool:
-        return check_int(rid, "rid") in self._ctx
-
-    def __len__(self) -> int:
-        return len(self._ctx)
-
-    def context_length(self, rid: int) -> int:
-        return len(self._ctx[self._known(rid)])
 
     # ---- drafting ----
     def propose(

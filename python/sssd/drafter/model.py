@@ -48,8 +48,9 @@ import torch
 from sssd.checks import check_bool, check_int, check_real, int_array
 from sssd.drafter.assemble import Candidates, ModelDraftBatch, build_batch, select
 from sssd.drafter.calibration import SOURCES
+from sssd.drafter.contexts import RequestContexts
 from sssd.drafter.model_calibration import ScoreTable, record_batch
-from sssd.drafter.retrieval import UnknownRequestError, _request_ids, _tokens, is_scalar_budget
+from sssd.drafter.retrieval import _request_ids, _tokens, is_scalar_budget
 from sssd.engine.adapter import ModelAdapter, StepContext
 from sssd.engine.kv_cache import StepWrites
 
@@ -153,7 +154,7 @@ class _DraftAdapter(ModelAdapter):
         return self._run(token, pos, ctx, "logits")[as_t(want)].float()
 
 
-class ModelDrafter:
+class ModelDrafter(RequestContexts):
     """Drafts token trees for a batch of requests with a small causal LM (see the module docstring)."""
 
     source_names = (*SOURCES, "model")
@@ -170,7 +171,7 @@ class ModelDrafter:
         self.model = draft_model
         self.vocab_size = self.adapter.vocab_size
         self.device = self.adapter.device
-        self._ctx: dict[int, list[int]] = {}
+        RequestContexts.__init__(self)
         self._slots: list[int] = []  # request id of each cache slot
         seed = cfg.seed if cfg.seed is not None else int(np.random.SeedSequence().entropy % (1 << 63))
         self._gen = torch.Generator(device=self.device).manual_seed(seed)
@@ -188,11 +189,6 @@ class ModelDrafter:
             )
 
     # ---- requests ----
-    def _known(self, rid: Any) -> int:
-        rid = check_int(rid, "rid")
-        if rid not in self._ctx:
-            raise UnknownRequestError(f"unknown request id {rid}")
-        return rid
 
     def add_request(self, rid: int, prompt_ids: Any) -> None:
         rid = check_int(rid, "rid")
@@ -224,15 +220,6 @@ class ModelDrafter:
             self._slots[slot] = self._slots[moved]
         self._slots.pop()
         del self._ctx[rid]
-
-    def has_request(self, rid: int) -> bool:
-        return check_int(rid, "rid") in self._ctx
-
-    def __len__(self) -> int:
-        return len(self._ctx)
-
-    def context_length(self, rid: int) -> int:
-        return len(self._ctx[self._known(rid)])
 
     def observe(self, rids: Sequence[int], batch: Any, accepted_counts: Any) -> int:
         """Feed back verification (``accepted_counts[i]`` draft nodes of tree i were accepted) into the

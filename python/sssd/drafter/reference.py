@@ -9,8 +9,6 @@ import itertools
 import math
 from collections.abc import Sequence
 
-import numpy as np
-
 
 def select_sequence(
     parents: Sequence[int],
@@ -98,30 +96,3 @@ def allocate_budget(
         taken[i] += 1
         order.append(i)
     return order
-
-
-def tree_buffers(
-    parents: Sequence[int], depth: Sequence[int], offsets: Sequence[int]
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(positions [N], ancestor masks [N, 2] uint64, paths [N, D+1], tree index [N]), as tree_buffers."""
-    n = len(parents)
-    width = max([int(d) for d in depth] + [0]) + 1
-    positions = np.zeros(n, np.int32)
-    masks = np.zeros((n, 2), np.uint64)
-    paths = np.full((n, width), -1, np.int32)
-    tree = np.zeros(n, np.int32)
-    for t in range(len(offsets) - 1):
-        s, e = int(offsets[t]), int(offsets[t + 1])
-        for v in range(s, e):
-            chain = [v - s]
-            while parents[s + chain[-1]] >= 0:
-                chain.append(int(parents[s + chain[-1]]))
-            chain.reverse()
-            positions[v] = len(chain) - 1
-            tree[v] = t
-            bits = [0, 0]
-            for j in chain:
-                bits[j // 64] |= 1 << (j % 64)
-            masks[v] = np.array(bits, dtype=np.uint64)
-            paths[v, : len(chain)] = [s + j for j in chain]
-    return positions, masks, paths, tree

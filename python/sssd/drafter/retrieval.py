@@ -67,6 +67,10 @@ class DrafterConfig:
     step_time: float = 0.02  # seconds; estimated step time L for SLO-aware allocation
     slo_slack: float = 0.0  # seconds; slack epsilon for SLO-aware allocation
     vocab_size: int = 0  # token ids must be below this: the model's vocabulary (0: unchecked)
+    # Threads of propose's parallel region over the batch's requests: 0 = OpenMP's default (the
+    # OMP_NUM_THREADS of the process, else one per core); 1 = none started, so no idle thread waits
+    # (spins) next to the model's own threads between steps. See docs/drafter.md, "Threads".
+    threads: int = 0
 
     def __post_init__(self) -> None:
         check_fields(self)  # a bool or float is not an int, NaN is not a number
@@ -74,6 +78,8 @@ class DrafterConfig:
             raise ValueError(f"max_depth must be in [1, 64], got {self.max_depth}")
         if self.max_width < 0 or self.max_tree_nodes < 0 or self.pool_max_tokens < 0 or self.vocab_size < 0:
             raise ValueError("max_width, max_tree_nodes, pool_max_tokens and vocab_size must be >= 0")
+        if not 0 <= self.threads <= 1024:
+            raise ValueError(f"threads must be in [0, 1024] (0: OpenMP's default), got {self.threads}")
         if not (self.step_time > 0 and self.slo_slack >= 0):
             raise ValueError("step_time must be > 0 and slo_slack >= 0")
 

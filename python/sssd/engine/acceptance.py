@@ -51,15 +51,18 @@ def specinfer_node(
     separate child), or draws without replacement with row ``c`` = ``q`` without the earlier siblings'
     tokens, renormalized (each try is then an exact one-draft step against the residual, which already
     gives rejected tokens probability 0). Try the children in order, accept child ``x`` with probability
-    ``min(1, p(x)/q_c(x))``; after a rejection ``p ← normalize(max(p - q_c, 0))``. If every child is
-    rejected the token is drawn from the residual ``p``.
+    ``min(1, p(x)/q_c(x))`` (``q_c(x) > 0``: ValueError otherwise); after a rejection
+    ``p ← normalize(max(p - q_c, 0))``. If every child is rejected the token is drawn from the residual
+    ``p``.
     Returns (accepted child or None, token).
     """
     p = np.array(probs, dtype=np.float64)
     for c in kids:
         q = np.asarray(draft_probs[c], dtype=np.float64)
         x = int(tokens[c])
-        if (p[x] > 0) if q[x] <= 0 else (rng.random() * q[x] < p[x]):
+        if not q[x] > 0:  # a token cannot have been drawn from q: the engine refuses such drafts earlier
+            raise ValueError(f"draft distribution of node {c} gives its own token {x} probability {q[x]}")
+        if rng.random() * q[x] < p[x]:
             return c, x
         residual = np.maximum(p - q, 0.0)
         total = residual.sum()
@@ -69,19 +72,6 @@ def specinfer_node(
 
 
 # -- whole trees (references; the tests drive them with many random draws) ---------------------------
-def verify_greedy(tokens: np.ndarray, parents: np.ndarray, argmax: np.ndarray) -> tuple[np.ndarray, int]:
-    """Follow the child equal to the LLM's argmax at each node; stop at the first miss.
-
-    tokens, parents: ``[n]``; argmax: ``[n]`` the LLM's greedy token after each node.
-    """
-    index = child_index(tokens, parents)
-    node, path = 0, [0]
-    while (nxt := index.get((node, int(argmax[node])))) is not None:
-        path.append(nxt)
-        node = nxt
-    return np.asarray(path, dtype=np.int64), int(argmax[node])
-
-
 def verify_sampling(
     tokens: np.ndarray, parents: np.ndarray, probs: np.ndarray, rng: np.random.Generator
 ) -> tuple[np.ndarray, int]:

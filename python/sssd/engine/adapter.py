@@ -31,18 +31,31 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from sssd.engine.attention import ancestor_mask, is_chain, tree_attention
+from sssd.engine.attention import tree_attention
 from sssd.engine.kv_cache import CacheShape, KVCache, StepWrites
+from sssd.engine.masks import ancestor_bits, dense_visibility
+from sssd.engine.static_step import (
+    CompileError,
+    StaticArgs,
+    StaticStep,
+    bucket_for,
+    pow2_at_least,
+    resolve_compile,
+    static_attention,
+)
+from sssd.engine.trees import Tree, chain_tree
+from sssd.kernels.tree_attention import MAX_TREE_NODES
 
 ATTENTION_NAME = "sssd_tree"
 ATTENTION_BACKENDS = ("auto", "sdpa", "packed", "emulated")
-PACKED_MAX_NODES = 128  # the CUDA kernel's limit per tree (two 64-bit mask words)
 
 
 @dataclass
@@ -68,7 +81,10 @@ class StepContext:
 def sssd_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """The registered attention function: ``query`` ``[1, H, N, D]``, ``key``/``value`` ``[1, Hkv, N, D]``
     (already rotated by the model). Returns ``([1, N, H, D], None)``."""
-    ctx: StepContext | None = kwargs.get("sssd_step")
+    ctx: StepContext | StaticArgs | None = kwargs.get("sssd_step")
+    if isinstance(ctx, StaticArgs):  # a static-shape forward (sssd.engine.static_step)
+        scale = module.scaling if scaling is None else scaling
+        return static_attention(module, query, key, value, ctx, scale), None
     if ctx is None:
         raise RuntimeError(
             f"the '{ATTENTION_NAME}' attention only runs inside an sssd Engine forward; "
@@ -116,51 +132,28 @@ class StepOutput:
     """What one forward produced: either hidden states ``[N, hidden]`` plus the output head (logits are
     computed only for the rows asked for), or the full logits ``[N, vocab]``."""
 
-    def __init__(self, rows: torch.Tensor, head: Any = None):
+    def __init__(self, rows: torch.Tensor, head: Any = None, row_of: np.ndarray | None = None):
         self.rows, self.head = rows, head
+        self.row_of = row_of  # int64 [N]: row of each packed node (a padded static forward), None = same
+        self.head_s = 0.0  # seconds spent in the output head so far (part of the forward's cost)
 
     def __len__(self) -> int:
-        return int(self.rows.shape[0])
+        return int(self.rows.shape[0]) if self.row_of is None else len(self.row_of)
 
     def logits(self, index: Any = None) -> torch.Tensor:
         """Logits ``[k, vocab]`` of the packed rows ``index`` (all rows when None)."""
+        if self.row_of is not None:
+            index = self.row_of if index is None else self.row_of[np.asarray(index, dtype=np.int64)]
         x = self.rows if index is None else self.rows[torch.as_tensor(index, device=self.rows.device)]
         if self.head is None:
             return x
+        t0 = time.perf_counter()
         with torch.inference_mode():
-            return self.head(x)
-
-
-@dataclass(frozen=True)
-class Tree:
-    """One request's part of a forward: nodes stored after its committed rows, in this order."""
-
-    tokens: np.ndarray  # [n] token ids; node 0 = root
-    parents: np.ndarray  # [n] parent index within the tree, -1 for the root
-    depth: np.ndarray  # [n] root = 0
-
-
-def packed_ancestor_masks(trees: list[Tree], offsets: np.ndarray) -> np.ndarray:
-    """uint64 ``[N, 2]`` masks of a packed batch (the CUDA kernel's format): bit ``j`` of node ``a`` of a
-    tree is set when node ``j`` is ``a`` or one of its ancestors. Built one depth level at a time."""
-    parents = np.concatenate([t.parents for t in trees]).astype(np.int64)
-    depth = np.concatenate([t.depth for t in trees]).astype(np.int64)
-    local = np.concatenate([np.arange(len(t.tokens)) for t in trees])
-    if local.max() >= PACKED_MAX_NODES:
-        raise ValueError(f"packed masks hold trees of at most {PACKED_MAX_NODES} nodes")
-    owner = np.repeat(offsets[:-1], np.diff(offsets))
-    root = parents < 0
-    if not (np.array_equal(root, local == 0) and (parents < local).all()):
-        raise ValueError("tree parents must be topological with the root (and only it) at node 0")
-    glob = np.where(root, 0, owner + parents)
-    if not (depth[root] == 0).all() or not (depth[~root] == depth[glob[~root]] + 1).all():
-        raise ValueError("tree depths must be 0 at the root and the parent's depth + 1 elsewhere")
-    masks = np.zeros((len(parents), 2), dtype=np.uint64)
-    masks[np.arange(len(parents)), local // 64] = np.left_shift(np.uint64(1), (local % 64).astype(np.uint64))
-    for d in range(1, int(depth.max()) + 1):
-        level = np.nonzero(depth == d)[0]
-        masks[level] |= masks[glob[level]]
-    return masks
+            out = self.head(x)
+        if out.device.type == "cuda":  # its time, not its launch time (the caller reads it at once anyway)
+            torch.cuda.synchronize(out.device)
+        self.head_s += time.perf_counter() - t0
+        return out
 
 
 class ModelAdapter:
@@ -171,7 +164,13 @@ class ModelAdapter:
     """
 
     def __init__(
-        self, model: Any, *, prefill_chunk: int = 512, initial_capacity: int = 256, attention: str = "auto"
+        self,
+        model: Any,
+        *,
+        prefill_chunk: int = 512,
+        initial_capacity: int = 256,
+        attention: str = "auto",
+        compile: bool | str = False,
     ):
         cls = type(model).__name__
         if attention not in ATTENTION_BACKENDS:
@@ -216,6 +215,8 @@ class ModelAdapter:
         self.device = param.device
         self.cache = KVCache(shape, capacity=initial_capacity, max_capacity=self.max_positions + 1)
         self.attention = self._resolve_attention(attention, shape)
+        mode = resolve_compile(compile, shape.device, self.attention, explicit_attention=attention != "auto")
+        self.static = StaticStep(self, mode) if mode is not None else None
         self._probe()
 
     @staticmethod
@@ -300,6 +301,8 @@ class ModelAdapter:
                     same = False
                 if not same:  # e.g. logit scaling or soft-capping after the head
                     self._base = None
+        except torch.OutOfMemoryError:  # transient, not the model's incompatibility: keep its type
+            raise
         except (TypeError, RuntimeError, NotImplementedError) as e:
             raise ValueError(f"{self.model_class} cannot run sssd tree attention: {e}") from e
         finally:
@@ -330,18 +333,11 @@ class ModelAdapter:
             slot_index = np.repeat(np.arange(slot_start, slot_start + b), sizes)
             row_index = np.concatenate([c + np.arange(n) for c, n in zip(committed, sizes, strict=True)])
             writes = StepWrites(torch.from_numpy(slot_index).to(dev), torch.from_numpy(row_index).to(dev))
-        if self.attention != "sdpa" and n_max <= PACKED_MAX_NODES:
+        if self.attention != "sdpa" and n_max <= MAX_TREE_NODES:
             return self._packed_context(slot_start, trees, sizes, committed, rows, writes)
         visible = None
         if not (b == 1 and n_max == 1):
-            vis = np.zeros((b, n_max, rows), dtype=bool)
-            for i, (t, c, n) in enumerate(zip(trees, committed, sizes, strict=True)):
-                vis[i, :n, :c] = True
-                vis[i, :n, c : c + n] = (
-                    np.tril(np.ones((n, n), bool)) if is_chain(t.parents) else ancestor_mask(t.parents)
-                )
-                vis[i, n:, 0] = True  # padding queries: any finite row keeps softmax defined
-            visible = torch.from_numpy(vis).to(dev)
+            visible = torch.from_numpy(dense_visibility(trees, committed, rows)).to(dev)
         pad_src = unpad = None
         if (sizes != n_max).any():
             starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
@@ -359,8 +355,7 @@ class ModelAdapter:
         offsets = np.zeros(len(trees) + 1, dtype=np.int64)
         np.cumsum(sizes, out=offsets[1:])
         slots = np.arange(slot_start, slot_start + len(trees))
-        masks = packed_ancestor_masks(trees, offsets)
-        packed = cuda_ops.PackedTrees.from_numpy(offsets, committed, slots, masks, self.device)
+        packed = cuda_ops.PackedTrees.from_numpy(offsets, committed, slots, ancestor_bits(trees), self.device)
         if self.attention == "emulated":
             fn = functools.partial(cuda_ops.hf_tree_attention, emulate=True)
         else:
@@ -375,12 +370,31 @@ class ModelAdapter:
         the logits of any packed node rows (tree 0's nodes first)."""
         if len(trees) != self.cache.num_active:
             raise ValueError(f"{len(trees)} trees for {self.cache.num_active} active slots")
+        if self.static is not None:
+            try:
+                return self._forward_static(trees)
+            except CompileError as e:  # this model or backend cannot be captured: eager from now on
+                warnings.warn(f"{e}; the verification forward runs eagerly", stacklevel=3)
+                self.static = None
         ctx = self._context(0, trees)
         ids = np.concatenate([t.tokens for t in trees])
         pos = np.concatenate([c + t.depth for c, t in zip(self.cache.lengths, trees, strict=True)])
         if self.lazy_head:
             return StepOutput(self._run(ids, pos, ctx, "hidden"), self._head)
         return StepOutput(self._run(ids, pos, ctx, "logits"), None)
+
+    def _forward_static(self, trees: list[Tree]) -> StepOutput:
+        """``forward_trees`` at the static shapes of the step's bucket (``sssd.engine.static_step``)."""
+        cache = self.cache
+        committed = cache.lengths[: len(trees)].copy()
+        sizes = np.array([len(t.tokens) for t in trees], dtype=np.int64)
+        rows = int(committed.max()) + pow2_at_least(int(sizes.max()))  # padding nodes write rows too
+        cache.reserve(rows)
+        cache.reserve_slots(pow2_at_least(len(trees)))
+        bucket = bucket_for(len(trees), int(sizes.max()), rows, cache.capacity, cache.slots)
+        out = self.static.run(trees, committed, bucket)
+        row_of = np.concatenate([b * bucket.nodes + np.arange(n) for b, n in enumerate(sizes)])
+        return StepOutput(out, self._head if self.lazy_head else None, row_of)
 
     def synchronize(self) -> None:
         """Wait for the device's queued work (CUDA); a no-op on the CPU."""
@@ -393,7 +407,7 @@ class ModelAdapter:
         for a in range(0, len(tokens), self.prefill_chunk):
             chunk = tokens[a : a + self.prefill_chunk]
             n = len(chunk)
-            tree = Tree(chunk, np.arange(-1, n - 1), np.arange(n))
+            tree = chain_tree(chunk)
             ctx = self._context(slot, [tree])
             start = int(self.cache.lengths[slot])
             self._run(chunk, start + np.arange(n), ctx, "none")

@@ -7,7 +7,8 @@ Layout used everywhere in this file (one layer):
 - ``visible``: bool ``[B, n, L]``, True where a query may read a key.
 
 For a request with ``c`` committed cache rows and a draft tree of ``n`` nodes stored at rows ``c..c+n-1``,
-node ``t`` sees every committed row and the rows of its ancestors and itself (``ancestor_mask``).
+node ``t`` sees every committed row and the rows of its ancestors and itself (the masks:
+``sssd.engine.masks``).
 """
 
 from __future__ import annotations
@@ -19,36 +20,6 @@ import torch
 import torch.nn.functional as F
 
 _SDPA_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)  # enable_gqa argument
-
-
-def ancestor_mask(parents: np.ndarray) -> np.ndarray:
-    """bool ``[n, n]``: ``m[i, j]`` is True when node ``j`` is node ``i`` or one of its ancestors.
-
-    ``parents``: int ``[n]``, ``-1`` for the root, otherwise the parent's index (< own index).
-    """
-    parents = np.asarray(parents)
-    n = len(parents)
-    m = np.zeros((n, n), dtype=bool)
-    for i in range(n):  # row i = row of the parent + itself (parents come first: topological order)
-        p = parents[i]
-        if p >= 0:
-            m[i, : i + 1] = m[p, : i + 1]
-        m[i, i] = True
-    return m
-
-
-def is_chain(parents: np.ndarray) -> bool:
-    """True when node ``i``'s parent is ``i - 1`` for every node (a single path)."""
-    parents = np.asarray(parents)
-    return bool(np.array_equal(parents, np.arange(-1, len(parents) - 1)))
-
-
-def tree_visibility(committed: int, parents: np.ndarray) -> np.ndarray:
-    """bool ``[n, committed + n]``: committed rows fully visible, ancestors-only inside the tree."""
-    n = len(parents)
-    vis = np.ones((n, committed + n), dtype=bool)
-    vis[:, committed:] = np.tril(np.ones((n, n), dtype=bool)) if is_chain(parents) else ancestor_mask(parents)
-    return vis
 
 
 def tree_attention_reference(

@@ -2,7 +2,7 @@
 
 ```python
 engine = sssd.Engine(model, tokenizer, drafter=drafter_or_None, config=sssd.EngineConfig(budget=16))
-results = engine.generate(prompts, max_new_tokens=256, temperature=0.0)   # strings or token lists
+results = engine.generate(prompts, max_new_tokens=256, temperature=0.0)   # text, chat messages, token ids
 for event in engine.stream(prompts, max_new_tokens=64): ...               # tokens as they are accepted
 rid = engine.add_request(prompt, max_new_tokens=32); events = engine.step()   # join/leave every step
 ```
@@ -20,28 +20,45 @@ and ``observe(timing: StepTiming)`` called after every step; see ``sssd.policy.a
 requests join the batch now; FIFO without it). Without a policy the engine uses the adaptive
 ``BudgetPolicy`` (``budget_mode="adaptive"``: the goodput-optimal global budget in 0..``budget`` each step)
 or ``FixedBudget(config.budget, config.per_request_budget)``. A request's own ``budget`` (given to
-``add_request``) overrides the plan for that request.
+``add_request``) overrides the plan for that request. What a policy returns is checked
+(``sssd.engine.policy_guard``): a misbehaving policy costs a step its speculation, never a request.
+
+Threads: one thread drives the engine (``step``, ``generate``, ``stream``); ``add_request``, ``abort``,
+``result`` and ``has_unfinished`` may be called from any thread, also while a step runs. ``add_request``
+never waits (the request is queued in an inbox that the next step takes); ``abort`` and ``result`` wait
+for a running step to end (at most one step). A second ``step()`` while one runs raises RuntimeError.
+
+Memory over an unbounded life: a finished request's result is held until its final event has been handed
+out by ``step()``, then kept among the ``EngineConfig.kept_results`` most recent ones for ``result(rid)``;
+per-request state of the drafter and the policy is dropped when a request leaves.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
+import threading
 import time
 import weakref
-from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from sssd.engine.adapter import ATTENTION_BACKENDS, ModelAdapter
+from sssd.engine.lifecycle import RequestsMixin, view_of
+from sssd.engine.policy_guard import PolicyGuard
 from sssd.engine.recovery import DrafterGuard, repair_batch
-from sssd.engine.requests import GenerationResult, Request, StreamEvent, as_prompt_ids
-from sssd.engine.sampling import SamplingParams, as_params, eos_defaults
-from sssd.engine.trees import split_batch
+from sssd.engine.requests import GenerationResult, Request, StreamEvent
+from sssd.engine.runs import RunsMixin
+from sssd.engine.sampling import eos_defaults
+from sssd.engine.static_step import pow2_at_least
+from sssd.engine.stats import Budget, EngineStats, StepRecord
+from sssd.engine.threads import one_step_at_a_time
+from sssd.engine.trees import check_drafts, root_tree
 from sssd.engine.verify import verify_step
-from sssd.policy.interface import AdmitView, FixedBudget, StepTiming, StepView
+from sssd.policy.interface import FixedBudget, StepView
 
 log = logging.getLogger("sssd.engine")
 
@@ -63,12 +80,23 @@ class EngineConfig:
     # torch SDPA), "sdpa", "packed" (kernel, or its float64 reference where it cannot run) or "emulated"
     # (the kernel's host emulation; tests). See sssd.engine.adapter.
     attention: str = "auto"
+    # the verification forward at static shapes, one graph per shape bucket (sssd.engine.static_step):
+    # "auto" = CUDA graphs on CUDA, eager on the CPU (compiling does not pay there); True = torch.compile
+    # (inductor; CUDA graphs too on CUDA); False = the eager forward; or a mode: "static" (static shapes,
+    # eager), "inductor", "cudagraph", "backend:NAME" (a torch.compile backend). A model that cannot be
+    # captured runs eagerly, with one warning naming the cause. With "auto", the environment variable
+    # SSSD_COMPILE (0, 1 or a mode) decides instead.
+    compile: bool | str = "auto"
     history_size: int = 1024  # StepTimings kept in EngineStats.history (the most recent steps)
+    # results of finished requests kept for result(rid) once their final event was handed out (the most
+    # recent ones; generate() and stream() take their own)
+    kept_results: int = 256
 
     def __post_init__(self) -> None:
-        for name in ("budget", "max_batch_size", "prefill_chunk", "initial_cache_rows", "history_size"):
+        names = ("budget", "max_batch_size", "prefill_chunk", "initial_cache_rows", "history_size")
+        for name in (*names, "kept_results"):
             v = getattr(self, name)
-            low = 0 if name == "budget" else 1
+            low = 0 if name in ("budget", "kept_results") else 1
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
                 raise ValueError(f"EngineConfig.{name} must be an int >= {low}, got {v!r}")
         if self.budget_mode not in ("adaptive", "fixed"):
@@ -79,29 +107,24 @@ class EngineConfig:
             raise ValueError(
                 f"EngineConfig.attention must be one of {ATTENTION_BACKENDS}, got {self.attention!r}"
             )
+        if not isinstance(self.compile, (bool, str)):
+            raise ValueError(f"EngineConfig.compile must be True, False or a mode, got {self.compile!r}")
         if self.policy is not None and not (hasattr(self.policy, "plan") and hasattr(self.policy, "observe")):
             raise TypeError("EngineConfig.policy must have plan(view) and observe(timing) methods")
 
 
 @dataclass
-class EngineStats:
-    steps: int = 0
-    tokens: int = 0
-    accepted: int = 0
-    nodes: int = 0  # draft (non-root) nodes verified
-    draft_time: float = 0.0
-    forward_time: float = 0.0
-    verify_time: float = 0.0
-    prefill_time: float = 0.0
-    step_time: float = 0.0
-    drafter_errors: int = 0  # exceptions raised by the drafter (its requests drafted nothing meanwhile)
-    request_errors: int = 0  # requests finished with finish_reason="error" (their own input failed)
-    recovered: int = 0  # requests whose KV cache rows were rebuilt after a step was interrupted
-    # the most recent steps (EngineConfig.history_size of them); the totals above cover every step
-    history: deque[StepTiming] = field(default_factory=lambda: deque(maxlen=1024), repr=False)
+class Drafts:
+    """A step's trees: per request ``(tree, batch indices of its nodes)`` (a root alone where nothing is
+    drafted), the drafter's batch and the batch positions of the requests it drafted for."""
+
+    budget: Budget
+    trees: list  # [B] (sssd.engine.trees.Tree, int64 [n]) per request (None while being built)
+    batch: Any = None
+    drafting: list[int] = field(default_factory=list)
 
 
-class Engine:
+class Engine(RequestsMixin, RunsMixin):
     def __init__(
         self, model: Any, tokenizer: Any = None, drafter: Any = None, config: EngineConfig | None = None
     ):
@@ -113,7 +136,10 @@ class Engine:
             prefill_chunk=self.config.prefill_chunk,
             initial_capacity=self.config.initial_cache_rows,
             attention=self.config.attention,
+            compile=self.config.compile,
         )
+        if self.adapter.static is not None:  # the static forward's graphs are specialised to the cache shape
+            self.adapter.cache.reserve_slots(pow2_at_least(self.config.max_batch_size))
         self.model, self.tokenizer, self.drafter = model, tokenizer, drafter
         self.vocab_size = self.adapter.vocab_size
         if tokenizer is not None and hasattr(tokenizer, "__len__") and len(tokenizer) > self.vocab_size:
@@ -137,225 +163,139 @@ class Engine:
                         f"datastore vocabulary {ds.vocab_size} is larger than the model's {self.vocab_size}"
                     )
         self.policy = self.config.policy or _default_policy(self.config)
+        self._policy = PolicyGuard(self.policy)
         self.default_eos = eos_defaults(model, tokenizer)
         self.stats = EngineStats(history=deque(maxlen=self.config.history_size))
         self._guard = DrafterGuard(drafter) if drafter is not None else None
+        self._inbox: deque[Request] = deque()  # added by any thread; the next step moves them to _waiting
         self._waiting: deque[Request] = deque()
         self._active: list[Request] = []  # index = cache slot
-        self._finished: dict[int, GenerationResult] = {}
+        self._finished: dict[int, GenerationResult] = {}  # final event not handed out yet
+        self._results: OrderedDict[int, GenerationResult] = OrderedDict()  # handed out: the most recent
         self._unreported: list[Request] = []  # retired by a step whose events did not reach the caller
         self._next_id = 0
-        self._view: StepView | None = None
-
-    # -- requests ------------------------------------------------------------------------------------
-    def add_request(
-        self,
-        prompt: Any,
-        params: SamplingParams | None = None,
-        *,
-        budget: int | None = None,
-        **overrides: Any,
-    ) -> int:
-        """Queue a request (text or token ids); it joins the batch at the next step. Returns its id.
-        ``overrides``: SamplingParams fields (max_new_tokens, temperature, top_k, top_p, seed, stop, ...)."""
-        params = as_params(params, overrides)
-        ids = as_prompt_ids(prompt, self.tokenizer, self.vocab_size)
-        if len(ids) >= self.adapter.max_positions:
-            raise ValueError(
-                f"prompt of {len(ids)} tokens does not fit the model's context "
-                f"of {self.adapter.max_positions} tokens"
-            )
-        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
-            raise ValueError(f"budget must be an int >= 0, got {budget!r}")
-        if params.stop and self.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer")
-        eos = self.default_eos if params.eos_token_ids is None else params.eos_token_ids
-        rid = self._next_id
-        self._next_id += 1
-        req = Request(rid, ids, params, frozenset(eos), budget, self.adapter.max_positions, self.tokenizer)
-        self._waiting.append(req)
-        return rid
-
-    def has_unfinished(self) -> bool:
-        return bool(self._waiting or self._active)
-
-    def result(self, rid: int) -> GenerationResult | None:
-        """The result of a finished request (kept until taken)."""
-        return self._finished.pop(rid, None)
-
-    def _admit(self) -> float:
-        """Admit waiting requests into free slots (prefill their prompts). Who joins is the policy's
-        ``admit(AdmitView)`` when it has one (FIFO otherwise; an empty batch always takes one request).
-        Returns the seconds spent, which the running requests waited."""
-        free = self.config.max_batch_size - len(self._active)
-        if not self._waiting or free <= 0:
-            return 0.0
-        chosen = self._admission(free)
-        t_start = time.perf_counter()
-        for req in chosen:
-            t0 = time.perf_counter()
-            slot = self.adapter.cache.add(req.rid)
-            self._active.append(req)
-            self._waiting.remove(req)  # only now: an interrupt before this leaves it queued, not lost
-            self.adapter.prefill(slot, req.prompt[:-1])  # the last prompt token is the first step's root
-            if self._guard is not None:
-                self._guard.add(req)
-            req.stats.prefill_time = time.perf_counter() - t0
-            self.stats.prefill_time += req.stats.prefill_time
-        if not chosen:
-            return 0.0
-        self.adapter.synchronize()  # GPU: the prefills' time, not their launch time
-        return time.perf_counter() - t_start
-
-    def _admission(self, free: int) -> list[Request]:
-        waiting = list(self._waiting)
-        admit = getattr(self.policy, "admit", None)
-        if admit is None:
-            return waiting[:free]
-        reqs = self._active
-        view = AdmitView(
-            [r.rid for r in waiting],
-            [len(r.prompt) for r in waiting],
-            [r.remaining for r in waiting],
-            StepView([r.rid for r in reqs], [r.context_len for r in reqs], [r.remaining for r in reqs],
-                     [r.budget for r in reqs]),
-            free,
-        )  # fmt: skip
-        by_id = {r.rid: r for r in waiting}
-        chosen = [by_id[rid] for rid in dict.fromkeys(admit(view)) if rid in by_id][:free]
-        if not chosen and not reqs:
-            chosen = waiting[:1]  # an empty batch always makes progress
-        return chosen
+        # threads (sssd.engine.threads): _lock guards the engine's state, a step holds it throughout
+        self._lock = threading.RLock()
+        self._stepper: int | None = None  # the thread that ran the latest step
+        self._ids = itertools.count()  # next() is atomic: ids from any thread, no lock to leave held
+        self._abort_requests: dict[int, Any] = {}  # abort() of a thread waiting for a step: rid -> result
+        self._deferred_aborts: deque[int] = deque()  # abort() from inside a step: applied before the next
+        self._watch: dict[int, GenerationResult | None] = {}  # generate/stream requests -> abort result
+        self._watch_aborted: set[int] = set()  # those of them with an abort result
 
     # -- one step ------------------------------------------------------------------------------------
-    def _plan(self) -> int | list[int]:
-        reqs = self._active
-        view = StepView(
-            [r.rid for r in reqs],
-            [r.context_len for r in reqs],
-            [r.remaining for r in reqs],
-            [r.budget for r in reqs],
-        )
-        self._view = view
-        plan = self.policy.plan(view) if self.drafter is not None else 0
-        if not isinstance(plan, (int, np.integer)):
-            plan = [int(x) for x in plan]
-            if len(plan) != len(reqs):
-                raise ValueError(f"policy planned {len(plan)} budgets for {len(reqs)} requests")
-        if any(r.budget is not None for r in reqs):  # own budgets override the plan
-            share = plan if isinstance(plan, list) else [int(plan) // len(reqs)] * len(reqs)
-            plan = [r.budget if r.budget is not None else s for r, s in zip(reqs, share, strict=True)]
-        return plan if isinstance(plan, list) else int(plan)
-
+    @one_step_at_a_time
     def step(self) -> list[StreamEvent]:
         """Run one step for every active request (admitting waiting ones first). Returns the events.
 
         Anything that escapes a step (an exception, ``KeyboardInterrupt``) leaves the engine resumable: the
         next step first repairs the batch from the requests' tokens (see ``sssd.engine.recovery``)."""
-        recovered, finished = self._recover()  # requests an interrupted step finished
-        stall = self._admit()
-        reqs = self._active
+        final_events, unreported = self._recover()  # of requests an interrupted step finished
+        prefill_s = self._admit()
+        reqs = list(self._active)
         if not reqs:
-            return self._hand_out(finished, recovered)
+            return self._hand_out(unreported, final_events)
         t0 = time.perf_counter()
-        plan = self._plan()
-        stepped = list(reqs)  # _retire removes finished ones from the batch
-        rids = [r.rid for r in reqs]
-        trees, batch, drafted = self._draft(reqs, plan)
-        t1 = time.perf_counter()
+        view = view_of(reqs)
+        drafts = self._draft(reqs, view, self._plan(reqs, view))
+        trees = [tree for tree, _ in drafts.trees]
         context_tokens = int(self.adapter.cache.lengths.sum())
-        output = self.adapter.forward_trees([t for t, _ in trees])
+        t1 = time.perf_counter()
+        output = self.adapter.forward_trees(trees)
         self.adapter.synchronize()  # GPU: the forward's time, not its launch time (verify waits anyway)
         t2 = time.perf_counter()
-        # draft distributions index the whole batch: usable when every request drafted (else plain
-        # acceptance, lossless for any draft)
-        draft_probs = getattr(batch, "draft_probs", None) if len(drafted) == len(reqs) else None
-        paths, bonus = verify_step(output, trees, reqs, draft_probs)
+        paths, next_tokens = verify_step(output, drafts.trees, reqs)
         self.adapter.commit(paths)
-        events, accepted = [], []
-        for req, (tree, _), path, b in zip(reqs, trees, paths, bonus, strict=True):
-            a = len(path) - 1
-            accepted.append(a)
-            kept = self._append(req, [*tree.tokens[path[1:]].tolist(), b])
-            st = req.stats
-            st.steps += 1
-            st.accepted += a
-            st.draft_nodes += len(tree.tokens) - 1
-            st.draft_time += t1 - t0
-            st.forward_time += t2 - t1
+        events = self._advance(reqs, drafts, paths, next_tokens)
+        events = final_events + self._retire(events)
+        t3 = time.perf_counter()
+        compiling, head_s = self._compile_time(), output.head_s  # compilation is not the step's time
+        record = StepRecord(
+            reqs, drafts.budget, [len(t.tokens) - 1 for t in trees], [len(p) - 1 for p in paths],
+            sum(len(e.tokens) for e in events), context_tokens,
+            t1 - t0, t2 - t1 - compiling + head_s, t3 - t2 - head_s, prefill_s,
+        )  # fmt: skip
+        self._policy.observe(self.stats.record(record))
+        self._count_errors()
+        return self._hand_out(unreported + reqs, events)
+
+    def _plan(self, reqs: list[Request], view: StepView) -> Budget:
+        """The policy's plan for the step (checked), with the requests' own budgets overriding it."""
+        plan = self._policy.plan(view) if self.drafter is not None else 0
+        return Budget.of(plan, [r.budget for r in reqs])
+
+    def _draft(self, reqs: list[Request], view: StepView, budget: Budget) -> Drafts:
+        """The step's trees: the drafter's (checked and cut to the budget, ``sssd.engine.trees``) for the
+        requests whose drafter state matches their tokens, roots alone for the others. A failing drafter
+        costs the step its speculation, not its tokens; a malformed tree costs its own request's only."""
+        drafts = Drafts(budget, [None] * len(reqs))
+        if self._guard is not None and budget.total > 0:
+            self._guard.sync(reqs)
+            drafting = [i for i, r in enumerate(reqs) if r.drafter_tokens == r.context_len]
+            if drafting:
+                self._propose(drafts, reqs, view, drafting)
+        for i, t in enumerate(drafts.trees):
+            if t is None:
+                drafts.trees[i] = (root_tree(reqs[i].last_token), np.zeros(1, np.int64))
+        return drafts
+
+    def _propose(self, drafts: Drafts, reqs: list[Request], view: StepView, drafting: list[int]) -> None:
+        """Ask the drafter for the trees of the requests ``drafting`` (batch positions) and check them."""
+        sub = [reqs[i] for i in drafting]
+        if len(sub) < len(reqs):
+            view = view_of(sub)
+        budget = drafts.budget.of_requests(drafting)
+        # optional policy hooks: extra propose arguments (SLO targets, the predicted step time) and the
+        # choice of how much of the proposed batch to keep (a batch budget only)
+        batch = self._guard.propose(sub, [r.rid for r in sub], budget, self._policy.propose_kwargs(view))
+        if batch is not None and drafts.budget.shared:
+            batch = self._policy.select(view, batch)
+        if batch is None:
+            return
+        try:
+            checked = check_drafts(batch, [r.last_token for r in sub], self.vocab_size,
+                                   [r.remaining - 1 for r in sub], budget,
+                                   [not r.params.greedy for r in sub])  # fmt: skip
+        except Exception as e:  # a batch that cannot be split into trees (MalformedDraftError): the drafter's
+            self._guard.failed("propose", e, sub)
+            return
+        for j, i in enumerate(drafting):
+            if checked.trees[j] is None:
+                self._guard.refused(sub[j], checked.errors[j])
+            else:
+                drafts.trees[i] = checked.trees[j]
+        if checked.cut:
+            self._guard.over_budget(checked.cut, checked.proposed, budget)
+        drafts.batch, drafts.drafting = batch, drafting
+
+    def _advance(self, reqs: list[Request], drafts: Drafts, paths: list, next_tokens: list[int]) -> list:
+        """Append each request's accepted tokens and the model's own next token, tell the drafter, and
+        build the events (the tokens not handed out yet: an interrupted step's too)."""
+        events = []
+        for req, (tree, _), path, token in zip(reqs, drafts.trees, paths, next_tokens, strict=True):
+            new_tokens = self._append(req, [*tree.tokens[path[1:]].tolist(), token])
             if self._guard is not None and not req.finish_reason:
-                self._guard.extend(req, kept)
-            new = req.output[req.emitted :]  # with the tokens of an interrupted step, if any
+                self._guard.extend(req, new_tokens)
+            new = req.output[req.emitted :]
             events.append(
                 StreamEvent(req.rid, new, req.peek_text(), req.finish_reason is not None, req.finish_reason)
             )
-        if batch is not None:
-            self._guard.observe([rids[i] for i in drafted], batch, [accepted[i] for i in drafted])
-        events = recovered + self._retire(events)
-        t3 = time.perf_counter()
-        for req in reqs:
-            req.stats.step_time += t3 - t0
-        nodes = sum(len(t.tokens) for t, _ in trees)
-        timing = StepTiming(
-            len(rids), plan if isinstance(plan, int) else tuple(plan), nodes, context_tokens, tuple(accepted),
-            t1 - t0, t2 - t1, t3 - t2, t3 - t0, stall,
-        )  # fmt: skip
-        s = self.stats
-        s.steps += 1
-        s.tokens += sum(len(e.tokens) for e in events)
-        s.accepted += sum(accepted)
-        s.nodes += nodes - len(rids)
-        s.draft_time += t1 - t0
-        s.forward_time += t2 - t1
-        s.verify_time += t3 - t2
-        s.step_time += t3 - t0
-        s.drafter_errors = self._guard.error_count if self._guard is not None else 0
-        s.history.append(timing)
-        self.policy.observe(timing)
-        return self._hand_out(finished + stepped, events)
+        if drafts.batch is not None:  # online calibration of the drafter
+            accepted = [len(paths[i]) - 1 for i in drafts.drafting]
+            self._guard.observe([reqs[i].rid for i in drafts.drafting], drafts.batch, accepted)
+        return events
 
-    def _draft(self, reqs: list[Request], plan: int | list[int]) -> tuple[list, Any, list[int]]:
-        """The step's trees (one per request, roots only where nothing is drafted), the drafter's batch
-        (or None) and the indexes of the requests it covers. Requests whose drafter state is out of sync
-        with their tokens draft nothing; a failing drafter costs the step its speculation, not its tokens."""
-        last = [r.last_token for r in reqs]
-        max_depth = [r.remaining - 1 for r in reqs]
-        idx: list[int] = []
-        if self._guard is not None and (plan if isinstance(plan, int) else sum(plan)) > 0:
-            self._guard.sync(reqs)
-            idx = [i for i, r in enumerate(reqs) if r.drafted == r.context_len]
-        trees: list[Any] = [None] * len(reqs)
-        batch = None
-        if idx:
-            sub = [reqs[i] for i in idx]
-            view = self._view if len(idx) == len(reqs) else _view_of(sub)
-            budget = plan if isinstance(plan, int) else [plan[i] for i in idx]
-            # optional hooks of the budget policy: extra propose arguments (SLO targets and the predicted
-            # step time) and the choice of how much of the proposed batch to keep
-            kwargs = getattr(self.policy, "propose_kwargs", None)
-            batch = self._guard.propose(sub, [r.rid for r in sub], budget, kwargs(view) if kwargs else {})
-            if batch is not None:
-                try:
-                    select = getattr(self.policy, "select", None)
-                    if select is not None and isinstance(plan, int):  # a global budget: it may be cut
-                        batch = select(view, batch)
-                    drafted = split_batch(batch, [last[i] for i in idx], self.vocab_size,
-                                          [max_depth[i] for i in idx])  # fmt: skip
-                except Exception as e:  # a malformed batch: the drafter's fault, not the requests'
-                    self._guard._failed("propose", e, sub)
-                    batch = None
-                else:
-                    for j, i in enumerate(idx):
-                        trees[i] = drafted[j]
-            if batch is None:
-                idx = []
-        rest = [i for i, t in enumerate(trees) if t is None]
-        if rest:
-            roots = split_batch(_RootsOnly([last[i] for i in rest]), [last[i] for i in rest],
-                                self.vocab_size, [max_depth[i] for i in rest])  # fmt: skip
-            for j, i in enumerate(rest):
-                trees[i] = roots[j]
-        return trees, batch, idx
+    def _compile_time(self) -> float:
+        """Seconds the last forward spent compiling a shape bucket (added to ``EngineStats``)."""
+        static = self.adapter.static
+        if static is None or not static.last_compile_time:
+            return 0.0
+        self.stats.compiles, self.stats.compile_time = static.compiles, static.compile_time
+        return static.last_compile_time
+
+    def _count_errors(self) -> None:
+        self.stats.drafter_errors = self._guard.error_count if self._guard is not None else 0
+        self.stats.policy_errors = self._policy.error_count
 
     def _append(self, req: Request, tokens: list[int]) -> list[int]:
         """``req.append``; a request whose own input fails there (its tokenizer's decode raises) finishes
@@ -376,10 +316,19 @@ class Engine:
         """Mark the events' tokens and text as handed out, the last thing ``step()`` does: a step
         interrupted before this point hands them out with the next step's events instead, so the stream
         neither loses nor repeats tokens (an interrupt inside this method, the one window left, can drop
-        one step's events; the results keep every token)."""
+        one step's events; the results keep every token). A finished request's result moves to the
+        bounded store of recent results (``EngineConfig.kept_results``)."""
+        kept = self._results
         for r in reqs:
             r.handed_out()
+            res = self._finished.get(r.rid) if r.finish_reason else None
+            if res is not None:  # its final event is out: kept among the recent results only
+                kept[r.rid] = res
+                del self._finished[r.rid]
+        while len(kept) > self.config.kept_results:
+            kept.popitem(last=False)
         self._unreported.clear()
+        self._lock.release()  # the step's (sssd.engine.threads): released last, nothing runs after it
         return events
 
     def _recover(self) -> tuple[list[StreamEvent], list[Request]]:
@@ -391,7 +340,7 @@ class Engine:
             running = {r.rid for r in active}
             if any(r.rid in running for r in self._waiting):
                 self._waiting = deque(r for r in self._waiting if r.rid not in running)
-        self.stats.recovered += repair_batch(self.adapter, active)
+        self.stats.repaired += repair_batch(self.adapter, active)
         for req in active:
             req.recheck_finished()
         if any(r.finish_reason for r in active):  # an interrupted retirement
@@ -424,110 +373,6 @@ class Engine:
             self._release(slot)
         return out
 
-    def _release(self, slot: int) -> None:
-        """Free a request's slot: its drafter and policy state, its cache rows (the last slot moves here)."""
-        req = self._active[slot]
-        if self._guard is not None:
-            self._guard.remove(req)
-        if hasattr(self.policy, "remove_request"):  # per-request state of the budget policy
-            self.policy.remove_request(req.rid)
-        moved = self.adapter.cache.remove(slot)
-        if moved is not None:
-            self._active[slot] = self._active[moved]
-        self._active.pop()
-
-    def abort(self, rid: int) -> GenerationResult:
-        """Stop a request, queued or running: its slot, cache rows and drafter state are freed at once.
-        Returns its partial result with ``finish_reason="abort"`` (tokens and text generated so far). A
-        request that already finished keeps its result, which is returned (and no longer kept). Raises
-        ``KeyError`` for an id this engine does not know."""
-        for req in self._waiting:
-            if req.rid == rid:
-                self._waiting.remove(req)
-                return self._aborted(req)
-        for slot, req in enumerate(self._active):
-            if req.rid == rid:
-                self._release(slot)
-                return self._aborted(req)
-        if rid in self._finished:
-            return self._finished.pop(rid)
-        raise KeyError(f"unknown request id {rid!r}: not queued, running or finished in this engine")
-
-    @staticmethod
-    def _aborted(req: Request) -> GenerationResult:
-        req.finish_reason = "abort"
-        req.finish_text()
-        return req.result()
-
-    # -- convenience ---------------------------------------------------------------------------------
-    def _add_all(
-        self, prompts: Any, params: SamplingParams | None, budget: int | None, kw: dict
-    ) -> list[int]:
-        if isinstance(prompts, (str, np.ndarray)) or (
-            isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], (int, np.integer))
-        ):
-            prompts = [prompts]
-        prompts = list(prompts)
-        if not prompts:
-            raise ValueError("no prompts")
-        params = as_params(params, kw)
-        rids = []
-        for i, p in enumerate(prompts):
-            own = params
-            if params.seed is not None:  # distinct, reproducible streams per prompt
-                own = as_params(params, {"seed": params.seed + i})
-            rids.append(self.add_request(p, own, budget=budget))
-        return rids
-
-    def generate(
-        self, prompts: Any, params: SamplingParams | None = None, *, budget: int | None = None, **kw: Any
-    ) -> list[GenerationResult]:
-        """Generate for every prompt (run to completion); results in prompt order. ``kw``: SamplingParams
-        fields (max_new_tokens, temperature, top_k, top_p, seed, stop, eos_token_ids). With a seed, prompt
-        ``i`` samples with ``seed + i``."""
-        rids = self._add_all(prompts, params, budget, kw)
-        want = set(rids)
-        while want & self._finished.keys() != want:
-            self.step()
-        return [self._finished.pop(r) for r in rids]
-
-    def stream(
-        self, prompts: Any, params: SamplingParams | None = None, *, budget: int | None = None, **kw: Any
-    ) -> Iterator[StreamEvent]:
-        """Like ``generate`` but yields a StreamEvent (with its text delta) whenever tokens are accepted.
-        Closing the iterator early (``break``, ``.close()``, garbage collection) aborts its unfinished
-        requests, so they stop using the batch."""
-        rids = self._add_all(prompts, params, budget, kw)
-        pending = set(rids)
-        try:
-            while pending:
-                for e in self.step():
-                    if e.request_id not in pending:
-                        continue
-                    if e.finished:
-                        pending.discard(e.request_id)
-                        self._finished.pop(e.request_id, None)
-                    if e.tokens or e.finished:
-                        yield e
-        finally:  # the consumer stopped early (closed, broke out, was collected) or a step raised
-            for rid in pending:
-                self._abort_quietly(rid)
-
-    def _abort_quietly(self, rid: int) -> None:
-        try:
-            self.abort(rid)
-        except KeyError:
-            pass
-
-
-def _view_of(reqs: list[Request]) -> StepView:
-    return StepView(
-        [r.rid for r in reqs],
-        [r.context_len for r in reqs],
-        [r.remaining for r in reqs],
-        [r.budget for r in reqs],
-    )
-
 
 def _bind(drafter: Any, engine: Engine) -> None:
     """A drafter keeps per-request state keyed by its engine's request ids: it serves one engine."""
@@ -553,17 +398,3 @@ def _default_policy(config: EngineConfig) -> Any:
 
     cost = CostModel.load(config.cost_profile) if config.cost_profile else None
     return BudgetPolicy(BudgetConfig(mode="adaptive", budget=int(config.budget)), cost)
-
-
-@dataclass(frozen=True)
-class _RootsOnly:
-    """A draft batch with no draft nodes (plain decoding step)."""
-
-    roots: Iterable[int]
-
-    def __post_init__(self) -> None:
-        r = np.asarray(list(self.roots), dtype=np.int64)
-        object.__setattr__(self, "tokens", r)
-        object.__setattr__(self, "parents", np.full(len(r), -1, np.int64))
-        object.__setattr__(self, "depth", np.zeros(len(r), np.int64))
-        object.__setattr__(self, "offsets", np.arange(len(r) + 1, dtype=np.int64))

@@ -111,6 +111,12 @@ class KVCache:
         if rows_needed > self.capacity:
             self._grow(self.slots, rows_needed)
 
+    def reserve_slots(self, slots: int) -> None:
+        """Make sure ``slots`` slots are allocated (a static-shape forward pads the batch with unused
+        ones)."""
+        if slots > self.slots:
+            self._grow(slots, self.capacity)
+
     def write(self, layer: int, key: torch.Tensor, value: torch.Tensor, writes: StepWrites) -> None:
         """Store a forward's new K/V ``[1, Hkv, N, D]`` (packed nodes) at their scratch rows."""
         if writes.slice_slot is not None:  # one request, contiguous rows: a plain slice copy

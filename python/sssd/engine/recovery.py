@@ -6,7 +6,8 @@ its KV cache rows, the drafter's copy of its context — is a cache that can be 
 - :class:`DrafterGuard` calls the drafter. An exception in any of its methods costs at most the
   speculation of the requests concerned: they draft nothing until their drafter state is rebuilt
   (``remove_request`` + ``add_request`` with all their tokens), retried with exponential back-off in
-  steps. Errors are counted and logged once per method.
+  steps. Errors are counted and logged once per method. What ``propose`` returns is checked before use
+  (``sssd.engine.trees``): a malformed tree costs its request's speculation, an oversized one is cut.
 - :func:`repair_batch` runs before every step and brings the batch back to its invariants after anything
   escaped a step (an exception, ``KeyboardInterrupt``): every running request owns exactly one cache slot,
   in batch order, holding ``context_len - 1`` committed rows (all but the root). Rows past that are
@@ -28,7 +29,7 @@ MAX_BACKOFF_STEPS = 1024
 
 
 class DrafterGuard:
-    """The engine's calls into ``drafter``; per request ``req.drafted`` is the number of its tokens the
+    """The engine's calls into ``drafter``; per request ``req.drafter_tokens`` is the number of its tokens the
     drafter holds (-1: unknown, so it must be rebuilt before the request drafts again)."""
 
     def __init__(self, drafter: Any):
@@ -40,7 +41,7 @@ class DrafterGuard:
     def error_count(self) -> int:
         return sum(self.errors.values())
 
-    def _failed(self, method: str, err: BaseException, reqs: list[Any] = ()) -> None:
+    def failed(self, method: str, err: BaseException, reqs: list[Any] = ()) -> None:
         first = method not in self.errors
         self.errors[method] = self.errors.get(method, 0) + 1
         if first:
@@ -50,9 +51,28 @@ class DrafterGuard:
                 type(self.drafter).__name__, method, type(err).__name__, err,
             )  # fmt: skip
         for req in reqs:
-            req.drafted = -1
+            req.drafter_tokens = -1
             req.draft_failures += 1
             req.draft_retry = self.step + min(2**req.draft_failures, MAX_BACKOFF_STEPS)
+
+    def refused(self, req: Any, message: str) -> None:
+        """A malformed draft for ``req`` (see ``sssd.engine.trees``): counted like an exception of
+        ``propose`` for that request alone, whose drafter state is rebuilt before it drafts again."""
+        from sssd.engine.trees import MalformedDraftError
+
+        self.failed("propose", MalformedDraftError(message), [req])
+
+    def over_budget(self, cut: int, proposed: int, budget: Any) -> None:
+        """``propose`` returned more drafted nodes than the budget; ``cut`` of them were dropped. Counted
+        and logged once; the trees, cut to the budget, are still verified."""
+        first = "over budget" not in self.errors
+        self.errors["over budget"] = self.errors.get("over budget", 0) + 1
+        if first:
+            log.warning(
+                "drafter %s.propose() returned %d drafted nodes for a budget of %s: the engine verifies "
+                "the best ones within the budget and drops %d (further such steps are counted in "
+                "EngineStats.drafter_errors)", type(self.drafter).__name__, proposed, budget, cut,
+            )  # fmt: skip
 
     @staticmethod
     def _tokens(req: Any) -> np.ndarray:
@@ -62,33 +82,33 @@ class DrafterGuard:
         try:
             self.drafter.add_request(req.rid, self._tokens(req))
         except Exception as e:
-            self._failed("add_request", e, [req])
+            self.failed("add_request", e, [req])
             return
-        req.drafted = req.context_len
+        req.drafter_tokens = req.context_len
 
-    def extend(self, req: Any, kept: list[int]) -> None:
-        if req.drafted != req.context_len - len(kept):
+    def extend(self, req: Any, new_tokens: list[int]) -> None:
+        if req.drafter_tokens != req.context_len - len(new_tokens):
             return  # out of sync already: rebuilt before it drafts again
         try:
-            self.drafter.extend(req.rid, np.asarray(kept, dtype=np.int32))
+            self.drafter.extend(req.rid, np.asarray(new_tokens, dtype=np.int32))
         except Exception as e:
-            self._failed("extend", e, [req])
+            self.failed("extend", e, [req])
             return
-        req.drafted = req.context_len
+        req.drafter_tokens = req.context_len
 
     def remove(self, req: Any) -> None:
         try:
             self.drafter.remove_request(req.rid)
         except Exception as e:
-            self._failed("remove_request", e)
-        req.drafted = -1
+            self.failed("remove_request", e)
+        req.drafter_tokens = -1
 
     def sync(self, reqs: list[Any]) -> None:
         """Rebuild the drafter state of requests whose copy disagrees with their tokens (when their
         back-off allows)."""
         self.step += 1
         for req in reqs:
-            if req.drafted != req.context_len and self.step >= req.draft_retry:
+            if req.drafter_tokens != req.context_len and self.step >= req.draft_retry:
                 try:  # the drafter may hold a stale copy, or none
                     self.drafter.remove_request(req.rid)
                 except Exception:
@@ -100,7 +120,7 @@ class DrafterGuard:
         try:
             return self.drafter.propose(rids, budget=budget, **kwargs)
         except Exception as e:
-            self._failed("propose", e, reqs)
+            self.failed("propose", e, reqs)
             return None
 
     def observe(self, rids: list[int], batch: Any, accepted: list[int]) -> None:
@@ -109,7 +129,7 @@ class DrafterGuard:
         try:
             self.drafter.observe(rids, batch, np.asarray(accepted, dtype=np.int64))
         except Exception as e:  # online calibration only: nothing to rebuild
-            self._failed("observe", e)
+            self.failed("observe", e)
 
 
 def repair_batch(adapter: Any, active: list[Any]) -> int:

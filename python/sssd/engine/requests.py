@@ -7,8 +7,9 @@ from typing import Any
 
 import numpy as np
 
+from sssd.engine.chat import chat_prompt_ids, is_messages
 from sssd.engine.detokenize import IncrementalDetokenizer
-from sssd.engine.sampling import SamplingParams
+from sssd.engine.sampling import SamplingParams, draw_key, position_draws
 
 
 @dataclass
@@ -59,8 +60,12 @@ class StreamEvent:
 
 
 def as_prompt_ids(prompt: Any, tokenizer: Any, vocab_size: int) -> np.ndarray:
-    """int64 ``[n]`` token ids of a prompt given as text (needs a tokenizer) or as token ids."""
-    if isinstance(prompt, str):
+    """int64 ``[n]`` token ids of a prompt given as text (used as is; needs a tokenizer), as chat messages
+    (a list of ``{"role", "content"}`` dicts, rendered by the tokenizer's chat template with the generation
+    prompt: ``sssd.engine.chat``) or as token ids."""
+    if is_messages(prompt):
+        ids = np.asarray(chat_prompt_ids(prompt, tokenizer), dtype=np.int64)
+    elif isinstance(prompt, str):
         if tokenizer is None:
             raise ValueError("text prompts need a tokenizer; pass token ids or give the Engine a tokenizer")
         if not prompt:
@@ -95,20 +100,20 @@ class Request:
     output: list[int] = field(default_factory=list)
     stats: RequestStats = field(default_factory=RequestStats)
     finish_reason: str | None = None
-    rng: np.random.Generator | None = None
+    key: np.ndarray | None = None  # uint64 [2] key of the sampling draws (None: greedy), see draws()
     _detok: IncrementalDetokenizer | None = field(default=None, repr=False)
     _new_text: list[str] = field(default_factory=list, repr=False)
     _text_done: bool = False
     _stop_len: int = 0
     emitted: int = 0  # output tokens handed out in StreamEvents
-    drafted: int = -1  # tokens of this request the drafter holds (-1: none / unknown; see engine.recovery)
+    drafter_tokens: int = -1  # tokens of this request the drafter holds (-1: none / unknown; engine.recovery)
     draft_failures: int = 0
     draft_retry: int = 0  # the drafter step from which its drafter state may be rebuilt again
     error: str | None = None
 
     def __post_init__(self) -> None:
         if not self.params.greedy:
-            self.rng = np.random.default_rng(self.params.seed)
+            self.key = draw_key(self.params.seed)
         if self.tokenizer is not None:
             self._detok = IncrementalDetokenizer(self.tokenizer)
         self._stop_len = max((len(s) for s in self.params.stop), default=0)
@@ -121,6 +126,11 @@ class Request:
     def context_len(self) -> int:
         return len(self.prompt) + len(self.output)
 
+    def draws(self, position: int) -> np.random.Generator:
+        """The random numbers for this request's token at ``position`` (index in prompt + output): a
+        function of the seed and the position only, so a step that is run again draws the same."""
+        return position_draws(self.key, position)
+
     @property
     def remaining(self) -> int:
         """Tokens this request may still produce."""
@@ -129,7 +139,7 @@ class Request:
     def append(self, new: list[int]) -> list[int]:
         """Add a step's tokens; applies stop strings, EOS, max_new_tokens and the context limit (tokens
         after the one that finishes the request are dropped). Returns the tokens kept. With a tokenizer the
-        text grows incrementally (``take_text`` hands out what is new)."""
+        text grows incrementally (``peek_text`` gives what is new since ``handed_out``)."""
         kept: list[int] = []
         for t in new:
             kept.append(int(t))
@@ -195,12 +205,6 @@ class Request:
         if len(self._new_text) > 1:
             self._new_text[:] = ["".join(self._new_text)]
         return self._new_text[0] if self._new_text else ""
-
-    def take_text(self) -> str:
-        """The text added since the last call."""
-        out = self.peek_text()
-        self._new_text.clear()
-        return out
 
     def handed_out(self) -> None:
         """The tokens and text so far reached the caller (in a StreamEvent)."""

@@ -1,9 +1,17 @@
 """Sampling parameters and the target distribution they define (temperature, top-k, top-p).
 
-Every output token of a sampling request is drawn with exactly one uniform number from the request's own
-``numpy.random.Generator`` (inverse CDF), whether it comes from plain decoding or from a verified tree.
-So with the same seed, speculative sampling of deterministic drafts yields the very tokens plain
-sampling yields, not just the same distribution.
+The random numbers of a sampling request are a function of its seed and the position of the token being
+drawn: the token at position ``i`` (its index in prompt + output) uses the uniforms of a counter-based
+generator (Philox) keyed by the seed, with ``i`` in the counter (:func:`position_draws`). Plain decoding
+and tree verification draw the token at ``i`` with the first uniform of that stream (inverse CDF);
+SpecInfer's acceptance tests and residual draw at ``i`` take the next ones. So
+
+- with the same seed, speculative sampling of deterministic drafts yields the very tokens plain sampling
+  yields, not just the same distribution;
+- a step that is interrupted (an exception, ``KeyboardInterrupt``) and run again draws the same numbers
+  for the same positions: nothing about the generator has to be saved or restored, and a faulted run
+  samples exactly the fault-free run's tokens. (With SpecInfer the token also depends on the draft tree,
+  so a drafter fault that changes a tree can change the sample; it stays a valid sample.)
 """
 
 from __future__ import annotations
@@ -49,6 +57,8 @@ class SamplingParams:
             isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer))
         ):
             raise TypeError(f"seed must be an int or None, got {type(self.seed).__name__}")
+        if self.seed is not None and self.seed < 0:
+            raise ValueError(f"seed must be an int >= 0 or None, got {self.seed}")
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
         if any(not isinstance(s, str) or not s for s in stop):
             raise ValueError(f"stop must be non-empty strings, got {self.stop!r}")
@@ -65,8 +75,13 @@ class SamplingParams:
 
 
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> np.ndarray:
-    """float64 ``[n, V]`` probabilities of the LLM at each of ``n`` nodes under ``params`` (sampling only)."""
-    x = logits.double() / params.temperature
+    """float64 ``[n, V]`` probabilities of the LLM at each of ``n`` nodes under ``params`` (sampling only).
+
+    The row maximum is subtracted before dividing by the temperature: any temperature > 0, down to the
+    smallest subnormal, then gives finite logits <= 0 with a 0 at the maximum (a tiny temperature is the
+    greedy limit, ties shared), so no inf or NaN reaches the softmax."""
+    x = logits.double()
+    x = (x - x.max(dim=-1, keepdim=True).values) / params.temperature
     v = x.shape[-1]
     if 0 < params.top_k < v:
         kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]
@@ -79,6 +94,18 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> np.ndarray:
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         x = x.masked_fill(drop, float("-inf"))
     return torch.softmax(x, dim=-1).cpu().numpy()
+
+
+def draw_key(seed: int | None) -> np.ndarray:
+    """The uint64 ``[2]`` Philox key of a request's draws: from its seed, or fresh entropy when None."""
+    return np.random.SeedSequence(seed).generate_state(2, np.uint64)
+
+
+def position_draws(key: np.ndarray, position: int) -> np.random.Generator:
+    """The generator of the token at ``position``: Philox keyed by ``key``, the position in the counter's
+    second 64-bit word (each position owns 2^64 blocks, so the streams of two positions never overlap).
+    About 7 µs to create."""
+    return np.random.Generator(np.random.Philox(key=key, counter=int(position) << 64))
 
 
 def sample_from(probs: np.ndarray, rng: np.random.Generator) -> int:

@@ -19,14 +19,12 @@ from sssd.engine.sampling import target_probs
 class _Walk:
     __slots__ = ("bonus", "draft_probs", "index", "kids", "node", "path", "req", "start", "tree")
 
-    def __init__(self, tree: Any, kept: np.ndarray, req: Any, start: int, draft_probs: Any):
+    def __init__(self, tree: Any, req: Any, start: int):
         self.tree, self.req, self.start = tree, req, start
         self.node, self.path, self.bonus = 0, [0], -1
-        self.draft_probs = None
-        self.kids: list[list[int]] | None = None
-        if draft_probs is not None and not req.params.greedy and len(tree.tokens) > 1:
-            self.draft_probs = np.asarray(draft_probs)[kept]  # [n, V] in the tree's node order
-            self.kids = children_lists(tree.parents)
+        # checked draft distributions (sssd.engine.trees.DraftTree.q, [n, V]); None: deterministic drafts
+        self.draft_probs = getattr(tree, "q", None) if not req.params.greedy else None
+        self.kids = children_lists(tree.parents) if self.draft_probs is not None else None
         self.index = child_index(tree.tokens, tree.parents) if len(tree.tokens) > 1 else {}
 
     def decide(self, logits_row: Any, argmax: int | None) -> bool:
@@ -37,12 +35,12 @@ class _Walk:
             nxt = self.index.get((self.node, x))
         else:
             probs = target_probs(logits_row[None], p)[0]
+            # the draws of the token after this node: keyed by its position, never by the step
+            rng = self.req.draws(self.req.context_len + int(self.tree.depth[self.node]))
             if self.draft_probs is not None:
-                nxt, x = specinfer_node(
-                    self.tree.tokens, self.kids[self.node], probs, self.draft_probs, self.req.rng
-                )
+                nxt, x = specinfer_node(self.tree.tokens, self.kids[self.node], probs, self.draft_probs, rng)
             else:
-                nxt, x = sampling_node(self.index, self.node, probs, self.req.rng)
+                nxt, x = sampling_node(self.index, self.node, probs, rng)
         if nxt is None:
             self.bonus = x
             return False
@@ -52,17 +50,16 @@ class _Walk:
 
 
 def verify_step(
-    output: Any, trees: list[tuple[Any, np.ndarray]], reqs: list[Any], draft_probs: Any = None
+    output: Any, trees: list[tuple[Any, np.ndarray]], reqs: list[Any]
 ) -> tuple[list[np.ndarray], list[int]]:
-    """output: the forward's ``StepOutput`` (rows packed in tree order); trees: ``(Tree, kept global
-    indices)`` per request; draft_probs: optional ``[N_batch, V]`` draft distributions (SpecInfer).
+    """output: the forward's ``StepOutput`` (rows packed in tree order); trees: ``(Tree, kept batch
+    indices)`` per request, checked by ``sssd.engine.trees.check_drafts`` (a ``DraftTree`` with ``q``
+    is verified by SpecInfer when its request samples).
 
     Returns the accepted path (root first) and the bonus token of every request.
     """
     starts = np.cumsum([0] + [len(t.tokens) for t, _ in trees])
-    walks = [
-        _Walk(t, kept, r, int(s), draft_probs) for (t, kept), r, s in zip(trees, reqs, starts, strict=False)
-    ]
+    walks = [_Walk(t, r, int(s)) for (t, _), r, s in zip(trees, reqs, starts[:-1], strict=True)]
     active = list(range(len(walks)))
     while active:
         rows = [walks[i].start + walks[i].node for i in active]

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from sssd.fileio import json_object
+
 _INT32_MAX = int(np.iinfo(np.int32).max)
 
 
@@ -104,12 +106,7 @@ def load_pairs(
             if not line.strip():
                 continue
             where = f"{p}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
-            if not isinstance(obj, dict):
-                raise ValueError(f"{where}: each line must be a JSON object")
+            obj = json_object(line, where)
             missing = [k for k in ("prompt_ids", "output_ids") if k not in obj]
             if missing:
                 raise ValueError(f"{where}: missing field(s) {', '.join(missing)}")

@@ -5,8 +5,9 @@ speculative proposer, ``method="custom_class"``), ``rows`` (following an engine'
 requests incrementally) and ``chains`` (one draft chain per request, chosen from the fused tree and
 ranked batch-wide like the tree budget).
 
-May import: ``sssd.datastore``, ``sssd.drafter``, ``sssd.policy`` (cost model and goodput choice),
-``sssd.models`` and ``sssd.evaluation``, and numpy. Never torch at import time, never vLLM's internals: only
-the proposer interface vLLM documents (the class is built with the ``VllmConfig`` and answers
+Imports: ``sssd.datastore``, ``sssd.drafter``, ``sssd.policy`` (cost model and goodput choice),
+``sssd.checks``, ``sssd.fileio`` (the JSON configuration), and for the demo (``vllm_demo``)
+``sssd.models`` and ``sssd.data``; numpy. Never torch at import time, never vLLM's internals: only the
+proposer interface vLLM documents (the class is built with the ``VllmConfig`` and answers
 ``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, ...)``).
 """

@@ -28,7 +28,6 @@ Imports vLLM only for type names: the module itself needs numpy and the drafter.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -41,6 +40,7 @@ import numpy as np
 from sssd.checks import check_fields
 from sssd.datastore import Datastore
 from sssd.drafter import Drafter, DrafterConfig
+from sssd.fileio import json_object
 from sssd.integrations.chains import best_chains
 from sssd.integrations.rows import RowTracker
 from sssd.policy.cost_model import CostModel, StepSample
@@ -82,12 +82,7 @@ class ProposerConfig:
             if not path.is_file():
                 raise FileNotFoundError(f"${ENV} names {spec!r}, which is not a file")
             text, where = path.read_text(), str(path)
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{where} is not valid JSON: {e}") from e
-        if not isinstance(data, dict):
-            raise ValueError(f"{where} must hold a JSON object")
+        data = json_object(text, where)
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:

@@ -4,5 +4,6 @@
 to the extension (which never links libtorch); ``reference`` holds the float64 references and the host
 emulation of the kernels' tiling that the tests compare against.
 
-May import: torch, numpy and ``sssd._cuda``. Nothing else in sssd.
+Imports: torch, numpy, ``sssd._cuda`` (the kernels) and ``sssd._core`` (the host emulation of their
+tiling, for ``reference``). Nothing else of sssd.
 """

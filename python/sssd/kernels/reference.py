@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-MAX_TREE_NODES = 128  # the kernel's limit: two uint64 mask words
+from sssd.kernels.tree_attention import MAX_TREE_NODES
 
 if TYPE_CHECKING:  # pragma: no cover
     from sssd.kernels.tree_attention import CommitPlan, PackedTrees

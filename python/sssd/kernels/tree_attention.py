@@ -32,7 +32,7 @@ try:  # the extension exists only in builds with a CUDA compiler
 except ImportError:  # pragma: no cover - depends on the build
     _cuda = None
 
-MAX_TREE_NODES = 128
+MAX_TREE_NODES = 128  # nodes per tree: the kernel's ancestor masks are two 64-bit words
 KEY_TILE = 64
 
 
@@ -451,8 +451,7 @@ def kv_append(k_src, v_src, k_dst, v_dst) -> None:
         )  # fmt: skip
 
 
-from sssd.kernels.reference import (  # noqa: E402  (re-exported: mask builder and the oracles of the ops above)
-    ancestor_masks,
+from sssd.kernels.reference import (  # noqa: E402  (re-exported: the oracles of the ops above)
     kv_commit_reference,
     tree_attention_emulated,
     tree_attention_reference,
@@ -461,7 +460,6 @@ from sssd.kernels.reference import (  # noqa: E402  (re-exported: mask builder a
 __all__ = [
     "CommitPlan",
     "PackedTrees",
-    "ancestor_masks",
     "architecture_supported",
     "built_architectures",
     "cuda_available",

@@ -7,5 +7,6 @@ Hugging Face directory (``$SSSD_CACHE_DIR``, default ``~/.cache/sssd``) and read
 saves model directories atomically; ``tuning`` fine-tunes drafts on the target's outputs (distillation,
 boosting over several drafts) and measures their top-1 agreement (``sssd tune-drafter``).
 
-May import: numpy; torch and transformers (lazily, inside functions); ``sssd.fileio``. Nothing else in sssd.
+Imports: ``sssd.fileio`` (reading prompt files), numpy; torch and transformers (lazily, inside
+functions).
 """

@@ -6,11 +6,12 @@ already in the Hugging Face cache (looked up with ``huggingface_hub``, which tra
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
 from typing import Any
+
+from sssd.fileio import json_object
 
 DTYPES = ("float32", "bfloat16", "float16")
 DTYPE_CHOICES = ("auto", *DTYPES)  # what --dtype accepts
@@ -181,12 +182,7 @@ def read_prompts(path: str | Path) -> list[dict[str, Any]]:
             if not line.strip():
                 continue
             if path.suffix == ".jsonl":
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{n}: not JSON: {e}") from None
-                if not isinstance(obj, dict):
-                    raise ValueError(f"{path}:{n}: expected a JSON object")
+                obj = json_object(line, f"{path}:{n}")
                 text = obj.get("text", obj.get("prompt"))
                 if "prompt_ids" not in obj and not isinstance(text, str):
                     raise ValueError(f"{path}:{n}: needs 'prompt_ids' or a 'text'/'prompt' string")

@@ -83,16 +83,30 @@ def docs_from_pairs(pairs: Sequence[tuple[np.ndarray, np.ndarray]]) -> list[Doc]
 
 
 def load_corpus(path: str | Path) -> list[Doc]:
-    """A token corpus ``X.tokens.npy`` (int) + ``X.offsets.npy`` (document k = offsets[k]:offsets[k+1])
+    """A token corpus ``X.tokens.npy`` (int) + ``X.offsets.npy`` (document k = offsets[k]:offsets[k+1]),
+    or an ``.npz`` with arrays ``tokens`` and ``offsets`` (the bundled ``sssd.data.sample_corpus_path()``),
     as documents (loss on every token after the first). Errors say which file is wrong."""
-    tokens_path = Path(path)
+    tokens_path = offsets_path = Path(path)
+    if tokens_path.suffix == ".npz":
+        if not tokens_path.is_file():
+            raise FileNotFoundError(f"corpus file not found: {tokens_path}")
+        with np.load(tokens_path, allow_pickle=False) as z:
+            if not {"tokens", "offsets"} <= set(z.files):
+                raise ValueError(f"{tokens_path}: an .npz corpus holds the arrays 'tokens' and 'offsets'")
+            tokens, offsets = z["tokens"], z["offsets"]
+        return _corpus_docs(tokens, offsets, tokens_path, offsets_path)
     if not tokens_path.name.endswith(".tokens.npy"):
-        raise ValueError(f"{tokens_path}: a token corpus is NAME.tokens.npy with NAME.offsets.npy beside it")
+        raise ValueError(
+            f"{tokens_path}: a token corpus is NAME.tokens.npy with NAME.offsets.npy beside it, or an .npz"
+        )
     offsets_path = tokens_path.with_name(tokens_path.name.removesuffix(".tokens.npy") + ".offsets.npy")
     for p in (tokens_path, offsets_path):
         if not p.is_file():
             raise FileNotFoundError(f"corpus file not found: {p}")
-    tokens, offsets = np.load(tokens_path, mmap_mode="r"), np.load(offsets_path)
+    return _corpus_docs(np.load(tokens_path, mmap_mode="r"), np.load(offsets_path), tokens_path, offsets_path)
+
+
+def _corpus_docs(tokens: np.ndarray, offsets: np.ndarray, tokens_path: Path, offsets_path: Path) -> list[Doc]:
     if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
         raise ValueError(
             f"{tokens_path}: expected a 1-D integer array, got {tokens.dtype} ndim {tokens.ndim}"

@@ -4,10 +4,12 @@ Owns the measured cost model of a step (``cost_model``: fitted online, robust le
 ``robust_fit``), the goodput-optimal global budget, its local exploration and SLO-first re-ranking as pure
 functions (``goodput``), admission under time-per-output-token targets (``admission``), the policies the
 engine calls (``adaptive``: ``BudgetConfig``, ``BudgetPolicy``; what they record in ``records``), the
-engine-facing interface types and ``FixedBudget`` (``interface``), and measuring a model's cost profile on
-this machine (``profiling``).
+engine-facing interface types and ``FixedBudget`` (``interface``, with ``PlainDraftBatch``: the drafter
+contract's fields), and measuring a model's cost profile on this machine (``profiling``: the caller passes
+the engines it times, so nothing here imports the engine).
 
-May import: numpy, ``sssd.fileio``; ``profiling`` alone runs the engine (torch) to measure it.
+Imports: numpy, ``sssd.checks`` and ``sssd.fileio`` (atomic profile files); torch only inside
+``profiling.machine_meta``. Never the engine, which imports this package.
 """
 
 from sssd.policy.cost_model import CostModel

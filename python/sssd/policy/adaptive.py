@@ -23,7 +23,7 @@ is the minimal policy; ``BudgetPolicy`` the adaptive one (the default).
 from __future__ import annotations
 
 import inspect
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,6 +54,10 @@ from sssd.policy.interface import (  # noqa: F401  (re-exported: the hook's type
 from sssd.policy.records import AcceptanceStats, PolicyStep, SLOTarget, StepPlan
 
 MODES = ("adaptive", "fixed")
+# finished requests whose (time, tokens, target) records are kept: the lengths that predict the running
+# requests' (the most recent 512) and slo_report's recent history; older records are dropped, so the
+# policy's memory does not grow with the number of requests it has ever seen
+FINISHED_RECORDS = 512
 
 
 @dataclass(frozen=True)
@@ -147,7 +151,7 @@ class BudgetPolicy:
         self._last_rids: list[int] = []
         self._last_step_s = 0.0
         self._slo_proposed = False
-        self._finished: dict[int, tuple[float, int, SLOTarget | None]] = {}
+        self._finished: OrderedDict[int, tuple[float, int, SLOTarget | None]] = OrderedDict()
         self._deferred: dict[int, int] = {}  # waiting rid -> admission calls it was held back
         self._nodes_per_request = 0.0  # running mean of draft nodes per request per step
         self._tokens_per_step = 1.0  # running mean of tokens per request per step
@@ -166,7 +170,10 @@ class BudgetPolicy:
         st = self._requests.pop(rid, None)
         if st is not None:
             self._finished[rid] = (st.time_s, st.tokens, self.slo.get(rid))
+            while len(self._finished) > FINISHED_RECORDS:
+                self._finished.popitem(last=False)
         self.slo.pop(rid, None)
+        self._deferred.pop(rid, None)
 
     @property
     def correction(self) -> float:
@@ -209,10 +216,8 @@ class BudgetPolicy:
             margin=self.config.slo_admit_margin, hold_unreachable=self.config.slo_admit_hold,
             tolerance=self.config.slo_admit_tolerance, force=force,
         )  # fmt: skip
-        for r in view.waiting_ids:
-            self._deferred[r] = 0 if r in chosen else self._deferred.get(r, 0) + 1
-        for r in chosen:
-            self._deferred.pop(r, None)
+        # counts of the requests waiting now only (one that left the queue unadmitted is forgotten)
+        self._deferred = {r: self._deferred.get(r, 0) + 1 for r in view.waiting_ids if r not in chosen}
         return chosen
 
     def _expected_remaining(self, tokens, limit) -> np.ndarray:
@@ -446,7 +451,8 @@ class BudgetPolicy:
 
     # -- reports ------------------------------------------------------------------------------------
     def slo_report(self) -> dict[int, dict]:
-        """Per request (live and finished): TPOT so far, its target and whether it is met."""
+        """Per request (live, and the most recent ``FINISHED_RECORDS`` finished): TPOT so far, its target
+        and whether it is met."""
         out = {}
         live = {r: (s.time_s, s.tokens, self.slo.get(r)) for r, s in self._requests.items()}
         for rid, (time_s, tokens, target) in {**self._finished, **live}.items():

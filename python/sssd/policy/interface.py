@@ -1,5 +1,6 @@
 """The engine's budget-policy hook: what a policy sees (``StepView``, ``AdmitView``), what it learns after
-each step (``StepTiming``), the protocol (``PolicyHook``) and the minimal policy (``FixedBudget``).
+each step (``StepTiming``), the protocol (``PolicyHook``), the minimal policy (``FixedBudget``) and the
+minimal batch a drafter returns (``PlainDraftBatch``).
 
 A policy is any object with ``plan(view: StepView)`` (the step's budget: a global int or one per
 request; 0 = plain decoding) and ``observe(timing: StepTiming)``; optional hooks are
@@ -13,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,21 @@ class StepTiming:
     verify_time: float  # verification + KV commit + bookkeeping
     step_time: float
     prefill_time: float = 0.0  # admitting (prefilling) requests just before this step; running ones wait
+
+
+@dataclass(frozen=True)
+class PlainDraftBatch:
+    """The fields of the drafter contract's batch and nothing more: what the engine and the budget policies
+    read. ``sssd.DraftBatch`` carries these and more; a batch without ``truncate`` is cut by
+    ``sssd.policy.goodput.truncate_batch``. N nodes (one root per request), B trees, M non-root nodes."""
+
+    tokens: np.ndarray  # [N] int32
+    parents: np.ndarray  # [N] int32: -1 for roots, else the parent's index within the same tree
+    probs: np.ndarray  # [N] float32 p(node | parent); 1 for roots
+    depth: np.ndarray  # [N] int32, roots 0
+    offsets: np.ndarray  # [B + 1] int64: tree i is slice(offsets[i], offsets[i + 1])
+    rank: np.ndarray  # [N] int32 position in the batch-wide selection order; -1 for roots
+    gain: np.ndarray  # [M + 1] float64: gain[k] = sum of f over the nodes with rank < k
 
 
 class PolicyHook(Protocol):

@@ -1,10 +1,12 @@
 """Measure a model's step cost on this machine and fit the :class:`~sssd.policy.cost_model.CostModel` profile.
 
-Forward: the real engine runs steps over a grid of (batch size, context length, tree tokens) with a
-synthetic drafter (random trees of exactly the requested size: acceptance ≈ 0, so contexts stay near the
-grid point) and a recording budget policy; every step's own timing (forward, verification/bookkeeping)
-is a sample. Drafting: the real drafter's ``propose`` is timed over a grid of (batch size, budget) on
-recorded pairs. Both are fitted robustly and saved as JSON with the raw samples and machine metadata.
+Forward: an engine runs steps over a grid of (batch size, context length, tree tokens) with a synthetic
+drafter (random trees of exactly the requested size: acceptance ≈ 0, so contexts stay near the grid
+point) and a recording budget policy; every step's own timing (forward, verification/bookkeeping) is a
+sample. The caller builds the engines (``make_engine``: ``sssd.cli.profile.engine_factory``), so the
+policy layer never imports the engine. Drafting: the real drafter's ``propose`` is timed over a grid of
+(batch size, budget) on recorded pairs. Both are fitted robustly and saved as JSON with the raw samples
+and machine metadata.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from sssd.policy.cost_model import CostModel, StepSample, forward_features
+from sssd.policy.interface import PlainDraftBatch
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,7 @@ class SyntheticDrafter:
                 depth.append(depth[base + p] + 1)
             offsets.append(len(tokens))
         n = len(tokens)
-        return _Batch(
+        return PlainDraftBatch(
             np.array(tokens, dtype=np.int32),
             np.array(parents, dtype=np.int32),
             np.where(np.array(parents) < 0, 1.0, 0.0).astype(np.float32),
@@ -88,17 +91,6 @@ class SyntheticDrafter:
             np.where(np.array(parents) < 0, -1, np.arange(n)).astype(np.int32),
             np.zeros(n - b + 1),
         )
-
-
-@dataclass(frozen=True)
-class _Batch:
-    tokens: np.ndarray
-    parents: np.ndarray
-    probs: np.ndarray
-    depth: np.ndarray
-    offsets: np.ndarray
-    rank: np.ndarray
-    gain: np.ndarray
 
 
 class _Recorder:
@@ -115,23 +107,31 @@ class _Recorder:
         self.timings.append(timing)
 
 
-def profile_forward(
-    model: Any, grid: ProfileGrid, *, seed: int = 0, progress: Callable[[str], None] | None = None
-) -> list[StepSample]:
-    """Engine steps over the grid; one :class:`StepSample` per measured step (draft part excluded)."""
-    from sssd.engine.engine import Engine, EngineConfig
+# make_engine(drafter, policy, max_batch_size, cache_rows) -> an engine (``sssd.Engine``) running the
+# model with that drafter and budget policy, at most max_batch_size requests, cache_rows KV rows each.
+EngineFactory = Callable[[Any, Any, int, int], Any]
 
-    vocab = int(model.config.vocab_size)
+
+def profile_forward(
+    make_engine: EngineFactory,
+    vocab_size: int,
+    grid: ProfileGrid,
+    *,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> list[StepSample]:
+    """Engine steps over the grid; one :class:`StepSample` per measured step (draft part excluded).
+
+    make_engine: builds one engine per (batch size, context) point, see ``EngineFactory``; vocab_size:
+    the model's vocabulary (random prompt and draft tokens are drawn below it).
+    """
+    vocab = int(vocab_size)
     rng = np.random.default_rng(seed)
     out: list[StepSample] = []
     for b in grid.batch_sizes:
         for ctx in grid.contexts:
             rec = _Recorder()
-            eng = Engine(
-                model,
-                drafter=SyntheticDrafter(vocab, seed),
-                config=EngineConfig(policy=rec, max_batch_size=b, initial_cache_rows=ctx + 256),
-            )
+            eng = make_engine(SyntheticDrafter(vocab, seed), rec, b, ctx + 256)
             for _ in range(b):
                 prompt = rng.integers(3, vocab, ctx).tolist()
                 eng.add_request(prompt, max_new_tokens=10_000, eos_token_ids=[])

@@ -1,0 +1,210 @@
+"""Requests in and out of the engine's batch: queueing (from any thread), admission into cache slots,
+results, aborts, and freeing a request's slot. ``Engine`` (``sssd.engine.engine``) runs the steps.
+
+The batch's bookkeeping is written to survive an interrupt at any line (``KeyboardInterrupt`` anywhere,
+tested line by line): a request is moved in one statement, queued until its slot exists, and an abort
+from inside a step waits for the next one (see ``sssd.engine.threads``).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import replace
+from typing import Any
+
+from sssd.engine.requests import GenerationResult, Request, as_prompt_ids
+from sssd.engine.sampling import SamplingParams, as_params
+from sssd.engine.threads import in_step
+from sssd.policy.interface import AdmitView, StepView
+
+
+class RequestsMixin:
+    """``add_request``, ``has_unfinished``, ``result``, ``abort`` and admission of
+    ``sssd.engine.engine.Engine`` (which owns the queues, the batch, the adapter, the guards and the
+    stores of results)."""
+
+    def add_request(
+        self,
+        prompt: Any,
+        params: SamplingParams | None = None,
+        *,
+        budget: int | None = None,
+        **overrides: Any,
+    ) -> int:
+        """Queue a request (text or token ids); it joins the batch at the next step. Returns its id.
+        ``overrides``: SamplingParams fields (max_new_tokens, temperature, top_k, top_p, seed, stop, ...)."""
+        params = as_params(params, overrides)
+        ids = as_prompt_ids(prompt, self.tokenizer, self.vocab_size)
+        if len(ids) >= self.adapter.max_positions:
+            raise ValueError(
+                f"prompt of {len(ids)} tokens does not fit the model's context "
+                f"of {self.adapter.max_positions} tokens"
+            )
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
+            raise ValueError(f"budget must be an int >= 0, got {budget!r}")
+        if params.stop and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer")
+        eos = self.default_eos if params.eos_token_ids is None else params.eos_token_ids
+        rid = next(self._ids)
+        self._next_id = max(self._next_id, rid + 1)  # ids handed out so far (a hint for messages)
+        req = Request(rid, ids, params, frozenset(eos), budget, self.adapter.max_positions, self.tokenizer)
+        self._inbox.append(req)  # never waits for a running step: the next one takes it
+        return rid
+
+    def has_unfinished(self) -> bool:
+        """True while a request is queued or running, or a finished one's final event was not handed out
+        yet (a step interrupted after finishing it): ``while engine.has_unfinished(): engine.step()``
+        delivers every event."""
+        return bool(self._inbox or self._waiting or self._active or self._unreported)
+
+    def result(self, rid: int) -> GenerationResult | None:
+        """The result of a finished request, taken (returned once): held until its final event is handed
+        out, then among the ``EngineConfig.kept_results`` most recent; None when unknown or released."""
+        with self._lock:
+            res = self._finished.pop(rid, None)
+            return res if res is not None else self._results.pop(rid, None)
+
+    def _take_inbox(self) -> None:
+        """Move requests added by any thread into the queue, in order. Safe to interrupt: a request that
+        was appended but not yet popped is recognized as the queue's last."""
+        inbox, waiting = self._inbox, self._waiting
+        while inbox:
+            req = inbox[0]
+            if not (waiting and waiting[-1] is req):
+                waiting.append(req)
+            inbox.popleft()
+
+    def _admit(self) -> float:
+        """Admit waiting requests into free slots (prefill their prompts). Who joins is the policy's
+        ``admit(AdmitView)`` when it has one (FIFO otherwise; an empty batch always takes one request).
+        Returns the seconds spent, which the running requests waited."""
+        free = self.config.max_batch_size - len(self._active)
+        if not self._waiting or free <= 0:
+            return 0.0
+        chosen = self._admission(free)
+        t_start = time.perf_counter()
+        for req in chosen:
+            t0 = time.perf_counter()
+            slot = self.adapter.cache.add(req.rid)
+            self._active.append(req)
+            self._waiting.remove(req)  # only now: an interrupt before this leaves it queued, not lost
+            self.adapter.prefill(slot, req.prompt[:-1])  # the last prompt token is the first step's root
+            if self._guard is not None:
+                self._guard.add(req)
+            req.stats.prefill_time = time.perf_counter() - t0
+            self.stats.prefill_time += req.stats.prefill_time
+        if not chosen:
+            return 0.0
+        self.adapter.synchronize()  # GPU: the prefills' time, not their launch time
+        return time.perf_counter() - t_start
+
+    def _admission(self, free: int) -> list[Request]:
+        waiting = list(self._waiting)
+        if not self._policy.has("admit"):
+            return waiting[:free]
+        reqs = self._active
+        view = AdmitView(
+            [r.rid for r in waiting],
+            [len(r.prompt) for r in waiting],
+            [r.remaining for r in waiting],
+            view_of(reqs),
+            free,
+        )  # fmt: skip
+        by_id = {r.rid: r for r in waiting}
+        chosen = [by_id[rid] for rid in dict.fromkeys(self._policy.admit(view))][:free]
+        if not chosen and not reqs:
+            chosen = waiting[:1]  # an empty batch always makes progress
+        return chosen
+
+    def _release(self, slot: int) -> None:
+        """Free a request's slot: its drafter and policy state, its cache rows (the last slot moves here)."""
+        req = self._active[slot]
+        if self._guard is not None:
+            self._guard.remove(req)
+        self._policy.remove_request(req.rid)  # per-request state of the budget policy
+        moved = self.adapter.cache.remove(slot)
+        # one statement each: an interrupt leaves the batch as it was or as it should be, never with the
+        # moved request in two slots (an interrupt between a copy and a pop once ran a request twice)
+        if moved is None:
+            del self._active[slot]
+        else:
+            self._active[slot:] = [self._active[moved], *self._active[slot + 1 : moved]]
+
+    def abort(self, rid: int) -> GenerationResult:
+        """Stop a request, queued or running: its slot, cache rows and drafter state are freed at once.
+        Returns its partial result with ``finish_reason="abort"`` (tokens and text generated so far). A
+        request that already finished keeps its result, which is returned (and no longer kept). Raises
+        ``KeyError`` for an id this engine does not know (or whose result was released).
+
+        Safe from any thread: while another thread runs a step, this waits for the step to end, and the
+        abort takes effect before the next step begins. Called from inside a step (a policy or drafter
+        callback, a ``stream()`` collected mid-step), the abort takes effect before the next step and the
+        result is the request's state now."""
+        if not self._lock.acquire(blocking=False):  # a step of another thread runs: it applies this abort
+            self._abort_requests.setdefault(rid, None)  # first thing at its end, whoever gets the lock next
+            self._lock.acquire()  # (a lock is not fair: the driving thread may step again before we wake)
+        try:
+            if in_step(threading.get_ident()):  # called from inside this thread's own step
+                return self._abort_later(rid)
+            res = self._abort_requests.pop(rid, None)
+            if res is not None:  # applied by the step that took the lock before this thread did
+                return res
+            self._take_inbox()
+            return self._abort_now(rid)
+        finally:
+            self._lock.release()
+
+    def _abort_now(self, rid: int) -> GenerationResult:
+        for req in self._waiting:
+            if req.rid == rid:
+                self._waiting.remove(req)
+                self._policy.remove_request(rid)  # e.g. an SLO target set while it waited
+                return self._aborted(req)
+        for slot, req in enumerate(self._active):
+            if req.rid == rid:
+                self._release(slot)
+                return self._aborted(req)
+        res = self._finished.pop(rid, None) or self._results.pop(rid, None)
+        if res is not None:
+            return res
+        known = isinstance(rid, int) and 0 <= rid < self._next_id
+        what = "finished and its result was taken or released" if known else "not known to this engine"
+        raise KeyError(f"request id {rid!r}: {what} (not queued, running or holding a result)")
+
+    def _abort_later(self, rid: int) -> GenerationResult:
+        for req in (*self._inbox, *self._waiting, *self._active):
+            if req.rid == rid and not req.finish_reason:
+                self._deferred_aborts.append(rid)
+                return replace(req.result(), finish_reason="abort")
+        return self._abort_now(rid)  # finished (or unknown): nothing in the batch changes
+
+    def _apply_deferred_aborts(self) -> None:
+        for rid, res in list(self._abort_requests.items()):  # abort() of another thread, waiting
+            if res is None and any(r.rid == rid for r in (*self._waiting, *self._active)):
+                self._abort_requests[rid] = self._abort_now(rid)
+        while self._deferred_aborts:
+            try:
+                self._abort_now(self._deferred_aborts[0])
+            except KeyError:  # finished meanwhile (its result stays), or an interrupted earlier try
+                pass
+            self._deferred_aborts.popleft()
+
+    def _aborted(self, req: Request) -> GenerationResult:
+        req.finish_reason = "abort"
+        req.finish_text()
+        res = req.result()
+        if req.rid in self._watch:  # a generate() / stream() waits for it: it gets the result too
+            self._watch[req.rid] = res
+            self._watch_aborted.add(req.rid)
+        return res
+
+
+def view_of(reqs: list[Request]) -> StepView:
+    """What the budget policy sees of the requests ``reqs`` (in batch order)."""
+    return StepView(
+        [r.rid for r in reqs],
+        [r.context_len for r in reqs],
+        [r.remaining for r in reqs],
+        [r.budget for r in reqs],
+    )
