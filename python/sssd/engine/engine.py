@@ -58,14 +58,14 @@ from sssd.engine.stats import Budget, EngineStats, StepRecord
 from sssd.engine.threads import one_step_at_a_time
 from sssd.engine.trees import check_drafts, root_tree
 from sssd.engine.verify import verify_step
-from sssd.policy.interface import FixedBudget, StepView
+from sssd.policy.interface import DEFAULT_BUDGET, FixedBudget, StepView
 
 log = logging.getLogger("sssd.engine")
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    budget: int = 16  # draft nodes per step for the whole batch (or per request, see below)
+    budget: int = DEFAULT_BUDGET  # draft nodes per step for the whole batch (or per request, see below)
     per_request_budget: bool = False  # True: every tree gets `budget` nodes
     max_batch_size: int = 8  # requests verified together; more wait in a queue
     prefill_chunk: int = 512  # prompt tokens per prefill forward

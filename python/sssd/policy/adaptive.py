@@ -44,6 +44,7 @@ from sssd.policy.goodput import (
     truncate_batch,
 )
 from sssd.policy.interface import (  # noqa: F401  (re-exported: the hook's types live in sssd.policy.interface)
+    DEFAULT_BUDGET,
     AdmitView,
     FixedBudget,
     PolicyHook,
@@ -64,8 +65,10 @@ FINISHED_RECORDS = 512
 class BudgetConfig:
     """How the engine chooses the global speculation budget of each step."""
 
-    mode: str = "adaptive"  # "adaptive" (default) | "fixed"
-    budget: int = 64  # fixed: the budget; adaptive: the largest candidate (the propose size)
+    # "adaptive" (default) | "fixed": FixedBudget's fixed budget with this policy's admission, SLO targets
+    # and records (the serving benchmarks compare the two modes under one policy)
+    mode: str = "adaptive"
+    budget: int = DEFAULT_BUDGET  # fixed: the budget; adaptive: the largest candidate (the propose size)
     max_per_request: int | None = None  # cap on any one request's tree (non-root nodes)
     min_gain: float = 0.02  # speculate only if predicted goodput beats plain decoding by this much
     acceptance_correction: bool = True  # scale Σf by the observed/predicted acceptance ratio

@@ -83,12 +83,17 @@ class PolicyHook(Protocol):
     def observe(self, timing: StepTiming) -> None: ...
 
 
+# Draft nodes per step when nobody says: EngineConfig.budget, FixedBudget and BudgetConfig (mode "fixed":
+# the budget; "adaptive": the largest one it may choose) share it, so the two fixed paths agree.
+DEFAULT_BUDGET = 16
+
+
 @dataclass
 class FixedBudget:
     """The minimal policy: the same budget every step. ``per_request`` gives each tree ``budget`` nodes
     instead of sharing ``budget`` across the batch."""
 
-    budget: int = 16
+    budget: int = DEFAULT_BUDGET
     per_request: bool = False
 
     def __post_init__(self) -> None:
