@@ -1,8 +1,8 @@
 """Datastore benchmark: build throughput and peak memory, file size, open time, search latency.
 
-    PYTHONPATH=python:. python3 bench/bench_datastore.py                      # zipf1e6 zipf1e7 cpython
-    PYTHONPATH=python:. python3 bench/bench_datastore.py --corpora zipf1e8 --batches 64
-    PYTHONPATH=python:. python3 bench/bench_datastore.py --corpora zipf1e7 --index stored none
+    PYTHONPATH=python:. python3 bench/datastore/bench_datastore.py                  # zipf1e6 zipf1e7 cpython
+    PYTHONPATH=python:. python3 bench/datastore/bench_datastore.py --corpora zipf1e8 --batches 64
+    PYTHONPATH=python:. python3 bench/datastore/bench_datastore.py --corpora zipf1e7 --index stored none
 
 --index: build the file with the search index stored in it (the default of build_datastore from 65,536
 tokens) and/or without it (then the first search of each process builds it in memory); each is its own
@@ -28,9 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-import corpora  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the shared helpers (corpora)
+import corpora
 
 SEARCH = {"max_samples": 100, "max_depth": 8}  # other SearchConfig fields at their defaults
 
@@ -39,7 +38,7 @@ def _child(args: list[str], threads: int | None = None) -> dict:
     env = dict(os.environ)
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
-    env.setdefault("PYTHONPATH", f"{HERE.parent / 'python'}:{HERE.parent}")
+    env.setdefault("PYTHONPATH", f"{corpora.ROOT / 'python'}:{corpora.ROOT}")
     cmd = [sys.executable, __file__, *args]
     out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -276,7 +275,7 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="JSON path (default bench/results/datastore-<time>.json)")
     args = ap.parse_args()
     results = run(args)
-    out = Path(args.out or HERE / "results" / f"datastore-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    out = Path(args.out or corpora.RESULTS / f"datastore-{time.strftime('%Y%m%d-%H%M%S')}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=1))
     print(table(results, args.batches))

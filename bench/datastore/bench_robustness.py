@@ -1,8 +1,8 @@
 """What the datastore's safety checks cost: verify() on repetitive text, the content checksum on first
 use, and the per-call checks of a search (the file's size under the map).
 
-    PYTHONPATH=python:. python3 bench/bench_robustness.py                       # 320k period-7, 1e7 random
-    PYTHONPATH=python:. python3 bench/bench_robustness.py --random-tokens 100000000
+    PYTHONPATH=python:. python3 bench/datastore/bench_robustness.py               # 320k period-7, 1e7 random
+    PYTHONPATH=python:. python3 bench/datastore/bench_robustness.py --random-tokens 100000000
 
 Runs against whatever sssd is on the path, so the same script measures an older build for a before /
 after comparison (an older build has no content checksum: its "first use" row shows the plain cost).

@@ -12,7 +12,7 @@ the process's wall time for a whole ``build-datastore`` of a one-line text. ``--
 each, the first run on an empty cache: converting the whole model for its tokenizer (what the default
 tokenizer used to do) against converting the GGUF vocabulary alone (what it does now).
 
-    PYTHONPATH=python:. python3 bench/bench_tokenizer_load.py [--rounds 5] [--first-time]
+    PYTHONPATH=python:. python3 bench/datastore/bench_tokenizer_load.py [--rounds 5] [--first-time]
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LOAD = """
 import sys, time
 t0 = time.perf_counter()

@@ -1,8 +1,8 @@
 """Snapshot of search outputs, to check that a faster search returns exactly the same tries.
 
-    PYTHONPATH=python:. python3 bench/search_snapshot.py record /tmp/search_snapshot.npz
+    PYTHONPATH=python:. python3 bench/datastore/search_snapshot.py record /tmp/search_snapshot.npz
     # ... change csrc/core/search.cpp, rebuild with tools/dev_build.sh ...
-    PYTHONPATH=python:. python3 bench/search_snapshot.py compare /tmp/search_snapshot.npz
+    PYTHONPATH=python:. python3 bench/datastore/search_snapshot.py compare /tmp/search_snapshot.npz
 
 Covers small and repetitive alphabets, uint16 and uint32 token widths, 32- and 64-bit suffix arrays,
 several shards opened together and many parameter combinations; contexts are taken from real positions

@@ -1,7 +1,7 @@
 """Drafter benchmarks: (a) propose latency, (b) MAL per drafter variant, (c) global vs even allocation.
 
 Usage (from the repository root, after tools/dev_build.sh):
-  OMP_NUM_THREADS=2 PYTHONPATH=python:. python3 bench/bench_drafter.py [--parts a,b,c] [--quick]
+  OMP_NUM_THREADS=2 PYTHONPATH=python:. python3 bench/drafter/bench_drafter.py [--parts a,b,c] [--quick]
 
 (a) µs per request per step inside ``Drafter.propose`` at batch 1/16/64/256, budgets 16/64, on a
     ~1e7-token datastore: the real corpus (smollm2_other_outputs, 182k tokens) repeated 27 times plus
@@ -39,24 +39,14 @@ import numpy as np
 # machine they steal cycles from the working thread: measured 124 vs 14 µs CPU per request (input
 # source, batch 64, 2 threads). Passive waiting unless the caller says otherwise (recorded with results).
 os.environ.setdefault("OMP_WAIT_POLICY", "passive")
-ROOT = Path(__file__).resolve().parent.parent
-DATA = Path(
-    os.environ.get("SSSD_DEV_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data")
-)  # ../shared/data
-CACHE = ROOT / "cache" / "bench"
-RESULTS = ROOT / "bench" / "results"
-VOCAB = 49152
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the shared helpers (corpora)
+import corpora
+from drafter_report import plot_mal, render
+from sssd.evaluation.fitting import DrafterSpec, crossfit_simulate, make_drafter
+from sssd.evaluation.pairs import load_pairs
 
-
-from drafter_report import plot_mal, render  # noqa: E402
-from sssd.evaluation.fitting import DrafterSpec, crossfit_simulate, make_drafter  # noqa: E402
-from sssd.evaluation.pairs import load_pairs  # noqa: E402
-
-
-def _corpus() -> tuple[np.ndarray, np.ndarray]:
-    tokens = np.load(DATA / "smollm2_other_outputs.tokens.npy").astype(np.int32)
-    offsets = np.load(DATA / "smollm2_other_outputs.offsets.npy").astype(np.int64)
-    return tokens, offsets
+ROOT, DATA, RESULTS, VOCAB = corpora.ROOT, corpora.DEV_DATA, corpora.RESULTS, corpora.VOCAB
+CACHE = ROOT / "cache" / "bench"  # the datastores of parts (a) and (b), built once
 
 
 def _fingerprint() -> str:
@@ -72,7 +62,7 @@ def dev_datastore() -> Path:
     path = CACHE / "smollm2_other.sssd"
     if not path.is_file():
         CACHE.mkdir(parents=True, exist_ok=True)
-        build_datastore(_corpus(), path, vocab_size=VOCAB, tokenizer=_fingerprint())
+        build_datastore(corpora.outputs(), path, vocab_size=VOCAB, tokenizer=_fingerprint())
     return path
 
 
@@ -84,7 +74,7 @@ def big_datastore(repeats: int = 27, zipf_tokens: int = 5_000_000, seed: int = 0
     if path.is_file():
         return path
     CACHE.mkdir(parents=True, exist_ok=True)
-    tokens, offsets = _corpus()
+    tokens, offsets = corpora.outputs()
     rng = np.random.default_rng(seed)
     lens = rng.integers(50, 400, size=zipf_tokens // 225 + 1)
     lens = lens[: int(np.searchsorted(np.cumsum(lens), zipf_tokens)) + 1]

@@ -1,7 +1,8 @@
 """End to end on this machine: SmolLM2-135M-Instruct with retrieval alone, a draft model alone, and both
 merged, the draft model's own cost included, against plain decoding through the same engine.
 
-    PYTHONPATH=python:. python bench/bench_merged_engine.py --draft DRAFT_DIR [--prompts 2] [--new 128]
+    PYTHONPATH=python:. python bench/drafter/bench_merged_engine.py --draft DRAFT_DIR \\
+        [--prompts 2] [--new 128]
 
 Rows (greedy, float32, batch 1, the development prompts, MT-Bench and HumanEval alternating): plain
 (budget 0), then each drafter under the default adaptive policy (goodput-optimal budget each step,
@@ -19,9 +20,11 @@ from pathlib import Path
 
 import sssd
 import torch
-from corpora import dev_rows
 from sssd.data import sample_corpus, sample_tokenizer_fingerprint, sample_vocab_size
 from sssd.models.local import cache_dir, ensure_hf_model, load_tokenizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the shared helpers (corpora)
+from corpora import dev_rows
 
 
 def main() -> int:

@@ -1,6 +1,7 @@
 """Teacher-forced MAL of retrieval, a tuned draft model, and both merged, on the development pairs.
 
-    PYTHONPATH=python:. python bench/bench_merged_mal.py --draft DRAFT_DIR [--pairs 24] [--budgets 16,64]
+    PYTHONPATH=python:. python bench/drafter/bench_merged_mal.py --draft DRAFT_DIR \\
+        [--pairs 24] [--budgets 16,64]
 
 Drafters (all with online calibration, ``observe=True``, as the engine runs them):
 - ``retrieval``: ``sssd.Drafter`` over a datastore of SmolLM2's outputs on other prompts (the bundled
@@ -26,9 +27,11 @@ from pathlib import Path
 import numpy as np
 import sssd
 import torch
-from corpora import dev_rows
 from sssd.data import sample_corpus, sample_tokenizer_fingerprint, sample_vocab_size
 from sssd.evaluation.pairs import Pair
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the shared helpers (corpora)
+from corpora import dev_rows
 
 
 def dev_pairs(n: int, max_new: int) -> list[Pair]:

@@ -1,6 +1,6 @@
 """Model drafter measurements: scratch K/V vs re-scoring the partial trees, tree kinds, SpecInfer vs plain.
 
-    PYTHONPATH=python:. python bench/bench_model_drafter.py [--model smollm2|tiny] [--new 48]
+    PYTHONPATH=python:. python bench/drafter/bench_model_drafter.py [--model smollm2|tiny] [--new 48]
 
 1. Growing dynamic trees level by level, the drafter feeds each level only the nodes it expands; their K/V
    stay in the slot's scratch rows for the deeper levels. The alternative (``forward_trees`` of the whole
@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 import sssd
 from sssd.engine.acceptance import verify_sampling, verify_specinfer
 from sssd.engine.engine import Engine, EngineConfig

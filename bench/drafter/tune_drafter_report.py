@@ -12,14 +12,13 @@ target (default: the bundled SmolLM2-135M-Instruct), on held-out (prompt, output
 - the cost of one forward of one token (decoding with a KV cache of --context tokens), draft against
   target, timed alternately in this one run (median of --repeats), so both see the same machine load.
 
-    SSSD_DEV_DATA=../shared/data python bench/tune_drafter_report.py --draft DIR [--threads 2]
+    SSSD_DEV_DATA=../shared/data python bench/drafter/tune_drafter_report.py --draft DIR [--threads 2]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -27,9 +26,8 @@ from pathlib import Path
 
 import torch
 
-DEV_DATA = Path(
-    os.environ.get("SSSD_DEV_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data")
-)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the shared helpers (corpora)
+from corpora import DEV_DATA
 
 
 def _drafts(root: Path) -> list[Path]:

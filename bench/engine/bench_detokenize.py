@@ -6,13 +6,14 @@ A 10,000-token output is made by concatenating SmolLM2's real outputs on the dev
 (mean over the events around each output length) for the engine's incremental text (with and without a stop
 string to watch) and for the former approach, a full ``decode`` of the output at every event.
 
-    PYTHONPATH=python python3 bench/bench_detokenize.py [--tokens-per-event 3] [--window 50]
+    PYTHONPATH=python python3 bench/engine/bench_detokenize.py [--tokens-per-event 3] [--window 50]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -21,7 +22,11 @@ from sssd.engine.requests import Request
 from sssd.engine.sampling import SamplingParams
 from sssd.models import local
 
-DEV_PAIRS = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "smollm2_dev_pairs.jsonl"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the shared helpers (corpora)
+from corpora import DEV_DATA
+
+DEV_PAIRS = DEV_DATA / "smollm2_dev_pairs.jsonl"
+
 MARKS = (100, 1000, 3000, 10000)
 
 

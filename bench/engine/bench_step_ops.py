@@ -11,9 +11,9 @@ slows all of them alike) and the median step, forward and outside-the-forward ti
 The drafter proposes random trees of exactly the budget (its tokens are almost never accepted: every step
 has the same shape), so the numbers are those of the forward and the engine's bookkeeping, not of drafting.
 
-    python bench/bench_step_ops.py            # SmolLM2-135M shape, random weights, CPU: eager,static,inductor
-    python bench/bench_step_ops.py --modes eager,static --layers 4                      # a quick look
-    python bench/bench_step_ops.py --device cuda --dtype bfloat16 --modes eager,cudagraph,inductor
+    python bench/engine/bench_step_ops.py  # SmolLM2-135M shape, random weights, CPU: eager,static,inductor
+    python bench/engine/bench_step_ops.py --modes eager,static --layers 4  # a quick look
+    python bench/engine/bench_step_ops.py --device cuda --dtype bfloat16 --modes eager,cudagraph,inductor
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ process's RSS, and the per-request state the engine and its policy hold (finishe
 records). Flat columns mean bounded memory and no slowdown over the run. Uses public API only (the state
 columns read private fields when they exist), so the same script measures an older commit.
 
-    OMP_NUM_THREADS=1 PYTHONPATH=python:tests python3 bench/long_life.py [--requests 10000]
+    OMP_NUM_THREADS=1 PYTHONPATH=python:tests python3 bench/engine/long_life.py [--requests 10000]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 
 import numpy as np
 import sssd

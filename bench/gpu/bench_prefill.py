@@ -6,7 +6,7 @@ whether that is faster than SDPA with a bottom-right causal mask over [cache + c
 and repeated to the query heads outside the timed region, which favours SDPA). The faster one should
 serve the engine's prefill.
 
-    python bench/bench_prefill.py [--batch 1,8] [--ctx 0,2048,8192] [--chunk 64,128]
+    python bench/gpu/bench_prefill.py [--batch 1,8] [--ctx 0,2048,8192] [--chunk 64,128]
 """
 
 from __future__ import annotations

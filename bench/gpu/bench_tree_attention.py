@@ -8,8 +8,8 @@ context x tree size it prints and saves (JSON) the median time of
   * floor: SDPA (flash when available) with one query per request over the same context (a decode step),
 and our achieved bandwidth (bytes of K/V, Q and output / time) against the device's measured copy bandwidth.
 
-    python bench/bench_tree_attention.py                     # the full grid (minutes)
-    python bench/bench_tree_attention.py --quick             # a few points
+    python bench/gpu/bench_tree_attention.py                     # the full grid (minutes)
+    python bench/gpu/bench_tree_attention.py --quick             # a few points
 """
 
 from __future__ import annotations

@@ -8,9 +8,9 @@ own) and a random tree of n nodes; the packed batch of B*n tokens runs through t
 a least-squares fit T = a*N_context + b*N_batched + c
 (the adaptive scheduler's cost model) and a PNG of the curves.
 
-    python bench/gpu_end_to_end.py                               # 32 layers, batch 1/8/32/64, n 1..128
-    python bench/gpu_end_to_end.py --layers 4 --batch 1,8 --tree 1,16,64   # a quick look
-    python bench/gpu_end_to_end.py --smoke   # CPU check of this script: a small Llama, kernel emulation
+    python bench/gpu/gpu_end_to_end.py                               # 32 layers, batch 1/8/32/64, n 1..128
+    python bench/gpu/gpu_end_to_end.py --layers 4 --batch 1,8 --tree 1,16,64   # a quick look
+    python bench/gpu/gpu_end_to_end.py --smoke   # CPU check of this script: a small Llama, kernel emulation
 """
 
 from __future__ import annotations

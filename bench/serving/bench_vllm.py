@@ -8,7 +8,8 @@ step = new tokens / (new tokens - accepted)), vLLM's accepted-per-draft + 1, out
 Each row runs in its own process, one after another; speed is whatever the machine gives at the time,
 so compare rows of one run. Run in the virtual environment that has vLLM and sssd:
 
-    python bench/bench_vllm.py --prompts 8 --max-tokens 256 --batches 1,8 --methods plain,ngram,sssd,sssd-ds
+    python bench/serving/bench_vllm.py --prompts 8 --max-tokens 256 --batches 1,8 \\
+        --methods plain,ngram,sssd,sssd-ds
 
 Writes bench/results/vllm.json.
 """
@@ -22,9 +23,11 @@ import sys
 import time
 from pathlib import Path
 
-from corpora import dev_rows
 from sssd.integrations.vllm_demo import METHODS, demo_datastore, print_table, run_in_child, summarize
 from sssd.models.local import ensure_hf_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the shared helpers (corpora)
+from corpora import RESULTS, dev_rows
 
 
 def main() -> int:
@@ -34,7 +37,7 @@ def main() -> int:
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--methods", default="plain,ngram,suffix,sssd,sssd-ds")
     ap.add_argument("--k", type=int, default=8, help="num_speculative_tokens of every method")
-    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "vllm.json")
+    ap.add_argument("--out", type=Path, default=RESULTS / "vllm.json")
     args = ap.parse_args()
     methods = [m for m in args.methods.split(",") if m]
     for m in methods:
