@@ -1,18 +1,26 @@
-"""Markdown tables and target checks from serve.py results JSON.
-
-    PYTHONPATH=python:bench python3 bench/serve_report.py bench/results/serve_sim.json
+"""Markdown tables, target checks and plots of the serving benchmark's results (serve.py writes them;
+``serve.py report`` reads them back).
 
 Targets (issue 6): adaptive's mean latency is never worse than the better of no-spec and the best fixed
 budget by more than 5% at any rate, and beats every fixed budget at some rate; adaptive+SLO gives the
 tight class at least 1.5x the attainment of adaptive (throughput-only) at no more than 5% throughput cost.
+Plots (matplotlib, PNG): latency vs rate per policy, chosen budget vs batch size, SLO attainment per class.
 """
 
 from __future__ import annotations
 
 import json
-import sys
+from pathlib import Path
 
 FIXED = ("fixed-8", "fixed-16", "fixed-64")
+COLUMNS = (
+    "mean_latency_s",
+    "p90_latency_s",
+    "mean_tpot_s",
+    "throughput_tok_s",
+    "attain_tight",
+    "attain_relaxed",
+)
 
 
 def table(rows: list[dict]) -> str:
@@ -110,47 +118,137 @@ def slo_by_seed(rows: list[dict]) -> list[str]:
     return lines
 
 
-def main(argv=None) -> int:
-    """Usage: serve_report.py [--merge-plots MODE] RESULTS.json... (several files = one table)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    plot_mode = None
-    if argv[:1] == ["--merge-plots"]:
-        plot_mode, argv = argv[1], argv[2:]
-    rows_all = [r for path in argv for r in json.load(open(path))["rows"] if r.get("requests")]
+def print_row(row: dict) -> None:
+    """One line per run as it finishes: mode, rate, policy and the COLUMNS."""
+    vals = " ".join(f"{row.get(c, float('nan')):>9.3f}" for c in COLUMNS)
+    extra = f"budget {row.get('mean_budget', 0):6.1f} batch {row.get('mean_batch', 0):5.1f}"
+    print(f"{row['mode']:>4} rate {row['rate']:>6g} {row['policy']:>13} {vals}  {extra}", flush=True)
+
+
+def report(paths: list[str], out_dir: Path, plot_mode: str | None = None) -> int:
+    """Prints the table and the target checks of the results in ``paths`` (several files = one table;
+    runs over several seeds: the SLO comparison per seed); ``plot_mode``: also writes its plots from
+    these rows into ``out_dir``."""
+    rows_all = [r for path in paths for r in json.load(open(path))["rows"] if r.get("requests")]
     if plot_mode:
-        from pathlib import Path
-
-        from serve_plots import plot_all
-
-        for f in plot_all(rows_all, Path(__file__).resolve().parent / "results", plot_mode):
+        for f in plot_all(rows_all, out_dir, plot_mode):
             print(f"wrote {f}")
     if len({r.get("seed") for r in rows_all}) > 1:
         for line in slo_by_seed(rows_all):
             print(f"- {line}")
         return 0
-    for path, rows in [(" + ".join(argv), sorted(rows_all, key=lambda r: r["rate"]))]:
-        print(f"### {path}\n")
-        print(table(rows))
-        print()
-        for line in check(rows):
-            print(f"- {line}")
-        for tag, what in (("sim", "saved profile"), ("simrefit", "profile refit on the real steps")):
-            sims = [r for r in rows if f"{tag}_err_mean_latency_s" in r]
-            if not sims:
-                continue
-            errs = [abs(r[f"{tag}_err_mean_latency_s"]) for r in sims]
-            print(f"- simulator ({what}) vs real, mean latency: mean |error| "
-                  f"{100 * sum(errs) / len(errs):.0f}% over {len(errs)} runs")  # fmt: skip
-            for r in sims:
-                e = r.get(f"{tag}_err_mean_latency_s", float("nan"))
-                t = r.get(f"{tag}_err_throughput_tok_s", float("nan"))
-                print(
-                    f"  - rate {r['rate']:g} {r['policy']}: latency {100 * e:+.0f}%, "
-                    f"throughput {100 * t:+.0f}%"
-                )
-        print()
+    rows = sorted(rows_all, key=lambda r: r["rate"])
+    print(f"### {' + '.join(paths)}\n")
+    print(table(rows))
+    print()
+    for line in check(rows):
+        print(f"- {line}")
+    for line in sim_errors(rows):
+        print(line)
+    print()
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def sim_errors(rows: list[dict]) -> list[str]:
+    """The simulator's mean-latency (and throughput) error against each real run it replayed."""
+    lines = []
+    for tag, what in (("sim", "saved profile"), ("simrefit", "profile refit on the real steps")):
+        sims = [r for r in rows if f"{tag}_err_mean_latency_s" in r]
+        if not sims:
+            continue
+        errs = [abs(r[f"{tag}_err_mean_latency_s"]) for r in sims]
+        lines.append(f"- simulator ({what}) vs real, mean latency: mean |error| "
+                     f"{100 * sum(errs) / len(errs):.0f}% over {len(errs)} runs")  # fmt: skip
+        for r in sims:
+            e = r.get(f"{tag}_err_mean_latency_s", float("nan"))
+            t = r.get(f"{tag}_err_throughput_tok_s", float("nan"))
+            lines.append(
+                f"  - rate {r['rate']:g} {r['policy']}: latency {100 * e:+.0f}%, throughput {100 * t:+.0f}%"
+            )
+    return lines
+
+
+def plot_all(rows: list[dict], out_dir: Path, mode: str, which: str = "all") -> list[Path]:
+    """Writes serve_<mode>_{latency,budget,slo}.png (``which="slo"``: only the SLO plot); returns them."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plots = [_latency, _budget, _slo] if which == "all" else [_slo]
+    files = []
+    for plot in plots:
+        fig, name = plot(plt, rows, mode)
+        fig.tight_layout()
+        files.append(out_dir / f"serve_{mode}_{name}.png")
+        fig.savefig(files[-1], dpi=110)
+        plt.close(fig)
+    return files
+
+
+def _by_rate(rows: list[dict], policy: str) -> list[dict]:
+    return sorted((r for r in rows if r["policy"] == policy and r.get("requests")), key=lambda r: r["rate"])
+
+
+def _latency(plt, rows: list[dict], mode: str):
+    """Mean and p90 request latency against the request rate, one line per policy."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for pol in dict.fromkeys(r["policy"] for r in rows):
+        rs = _by_rate(rows, pol)
+        axes[0].plot([r["rate"] for r in rs], [r["mean_latency_s"] for r in rs], marker="o", label=pol)
+        axes[1].plot([r["rate"] for r in rs], [r["p90_latency_s"] for r in rs], marker="o", label=pol)
+    for ax, what in zip(axes, ("mean", "p90"), strict=True):
+        ax.set_xlabel("request rate (req/s)")
+        ax.set_ylabel(f"{what} request latency (s)")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        _rate_ticks(ax, rows)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"serving latency vs rate ({mode})")
+    return fig, "latency"
+
+
+def _budget(plt, rows: list[dict], mode: str):
+    """The adaptive policies' mean chosen global budget against the batch size."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for pol in ("adaptive", "adaptive+slo"):
+        pts: dict[int, list[float]] = {}
+        for r in rows:
+            if r["policy"] == pol:
+                for b, k in r.get("budget_by_batch", {}).items():
+                    pts.setdefault(int(b), []).append(k)
+        if pts:
+            xs = sorted(pts)
+            ax.plot(xs, [sum(pts[x]) / len(pts[x]) for x in xs], marker="o", label=pol)
+    ax.set_xlabel("batch size (active requests)")
+    ax.set_ylabel("mean chosen global budget (draft tokens, whole batch)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title(f"adaptive budget vs batch size ({mode})")
+    return fig, "budget"
+
+
+def _slo(plt, rows: list[dict], mode: str):
+    """The share of requests meeting their TPOT target against the rate, per class and policy."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, cls in zip(axes, ("tight", "relaxed"), strict=True):
+        for pol in dict.fromkeys(r["policy"] for r in rows):
+            rs = _by_rate(rows, pol)
+            ax.plot([r["rate"] for r in rs], [r.get(f"attain_{cls}") for r in rs], marker="o", label=pol)
+        ax.set_xscale("log")
+        _rate_ticks(ax, rows)
+        ax.set_xlabel("request rate (req/s)")
+        ax.set_title(f"{cls} TPOT class")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("SLO attainment (share of requests meeting TPOT)")
+    axes[0].legend(fontsize=8)
+    return fig, "slo"
+
+
+def _rate_ticks(ax, rows: list[dict]) -> None:
+    rates = sorted({r["rate"] for r in rows})
+    ax.set_xticks(rates)
+    ax.set_xticklabels([f"{r:g}" for r in rates])
+    ax.minorticks_off()

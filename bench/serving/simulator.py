@@ -18,10 +18,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from serve_workload import Arrival, Finished, StepLog
 from sssd.evaluation.simulator import accepted_lengths
 from sssd.policy.adaptive import AdmitView, BudgetPolicy, StepTiming, StepView, fifo
 from sssd.policy.cost_model import CostModel
+from workload import Arrival, Finished, StepLog
 
 
 @dataclass

@@ -1,16 +1,20 @@
-"""Serving benchmark workload and metrics, shared by the simulated and the real mode.
+"""What the simulated and the real mode of the serving benchmark share: workloads, policies, metrics.
 
 A workload is a list of requests arriving as a Poisson process at a given rate (requests/s), each
 taking a (prompt, output) pair and, for SLO runs, a TPOT target class. Metrics per finished request:
 latency (arrival → last token), TPOT ((last token − first token) / (tokens − 1)), and whether the TPOT
-target was met.
+target was met. Each policy under test is a fresh ``BudgetPolicy`` seeded with the same cost model.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
+import corpora
 import numpy as np
+from sssd.policy.adaptive import BudgetConfig, BudgetPolicy
+from sssd.policy.cost_model import CostModel
 
 # Policies compared by the benchmark: name -> (mode, budget, use SLO targets).
 POLICIES: dict[str, tuple[str, int, bool]] = {
@@ -135,3 +139,48 @@ def summarize(done: list[Finished], steps: StepLog | None = None) -> dict:
         exp = float(np.sum(steps.expected))
         out["accept_ratio"] = float(np.sum(steps.accepted)) / exp if exp > 0 else float("nan")
     return out
+
+
+def budget_by_batch(log: StepLog) -> dict[int, float]:
+    """Mean chosen global budget per batch size (for the budget plot)."""
+    b = np.array(log.batch_size)
+    k = np.array(log.budget)
+    return {int(x): float(k[b == x].mean()) for x in np.unique(b)}
+
+
+def make_policy(name: str, cost: CostModel) -> tuple[BudgetPolicy, bool]:
+    """A fresh policy of ``name`` (POLICIES, EXTRA_POLICIES) and whether it uses the TPOT targets."""
+    mode, budget, slo = {**POLICIES, **EXTRA_POLICIES}[name]
+    fresh = CostModel.from_dict(cost.to_dict())  # each run learns online from the same seed
+    cfg = BudgetConfig(
+        mode=mode,
+        budget=budget,
+        slo_via_drafter=name.endswith("-drafter"),
+        slo_admission=not name.endswith("-noadmit"),
+    )
+    return BudgetPolicy(cfg, fresh), slo
+
+
+def slo_targets(cost: CostModel, batch: int, args) -> tuple[float, float]:
+    """Tight = ``--tight`` x the predicted plain step at ``batch`` requests (of ~300 context tokens);
+    relaxed = ``--relaxed`` x it, unless given in seconds."""
+    step = float(cost.predict(batch, 300 * batch, 0).total)
+    tight = args.tight_s or args.tight * step
+    relaxed = args.relaxed_s or args.relaxed * step
+    return tight, relaxed
+
+
+def workload_for(args, n_pairs: int, rate: float, seed: int, targets: tuple[float, float]) -> list[Arrival]:
+    """The run's workload at ``rate``: ``args.requests`` arrivals with the tight / relaxed targets."""
+    tight, relaxed = targets
+    return poisson_workload(
+        n_pairs, rate, args.requests, seed=seed, tight_tpot_s=tight, relaxed_tpot_s=relaxed
+    )
+
+
+def datastore_path() -> Path:
+    """The datastore of the other-outputs corpus with the SmolLM2 tokenizer's fingerprint (built once
+    into the bench cache, ``~/.cache/sssd/bench``)."""
+    from sssd.models.local import cache_dir, load_tokenizer
+
+    return corpora.outputs_datastore(load_tokenizer(), cache_dir() / "bench")
