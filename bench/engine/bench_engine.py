@@ -5,8 +5,8 @@ decoding through the same engine), (c) speculation with sssd's Drafter over a da
 own outputs on other prompts (../shared/data/smollm2_other_outputs.*) at several budgets.
 Columns: tokens/s, MAL (tokens per step), speedup over (a) and (b), % outputs identical to (b) and (a).
 
-    OMP_NUM_THREADS=1 PYTHONPATH=python python3 bench/bench_engine.py --prompts 2 --max-new-tokens 64 \\
-        --batches 1 --budgets 0,8,16 --dtypes float32
+    OMP_NUM_THREADS=1 PYTHONPATH=python python3 bench/engine/bench_engine.py --prompts 2 \\
+        --max-new-tokens 64 --batches 1 --budgets 0,8,16 --dtypes float32
 
 Speed is whatever this machine gives at the time (it is shared); the table records the command.
 """
@@ -15,20 +15,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the shared helpers (corpora)
 import corpora
 import numpy as np
 import sssd
 import torch
 from sssd.models.local import ensure_hf_model, load_tokenizer
 
-DATA = Path(
-    os.environ.get("SSSD_DEV_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data")
-)  # ../shared/data
+DATA = corpora.DEV_DATA  # ../shared/data ($SSSD_DEV_DATA)
 
 
 def datastore(tok) -> sssd.Datastore:
