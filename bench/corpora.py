@@ -1,4 +1,12 @@
-"""Benchmark corpora as (tokens int32 [N], offsets int64 [D + 1]) pairs, cached as .npy files.
+"""The benchmarks' shared paths and corpora. Corpora are (tokens int32 [N], offsets int64 [D + 1]) pairs,
+cached as .npy files.
+
+Scripts in the groups (bench/datastore, bench/drafter, ...) import this module after putting bench/ on
+``sys.path`` (the first lines of each script); tools/ does the same.
+
+- ``ROOT``: the repository; ``RESULTS``: bench/results; ``DEV_DATA``: the development data
+  (``$SSSD_DEV_DATA``, default ``../shared/data`` relative to the repository); ``CACHE``: generated corpora
+  and datastores (``$SSSD_BENCH_CACHE``, default ``~/.cache/sssd/bench``).
 
 - ``zipf(n)``: a seeded synthetic stream of Zipf-distributed token ids (exponent 1.1, SmolLM2's vocabulary
   size 49152, frequent ranks spread over the id space), cut into documents of ~1000 tokens on average.
@@ -15,6 +23,9 @@ from pathlib import Path
 import numpy as np
 
 VOCAB = 49_152
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+DEV_DATA = Path(os.environ.get("SSSD_DEV_DATA", ROOT.parent / "shared" / "data"))  # ../shared/data
 CACHE = Path(os.environ.get("SSSD_BENCH_CACHE", Path.home() / ".cache" / "sssd" / "bench"))
 PY_LIB = Path("/usr/lib/python3.11")
 PY_DOC = Path("/usr/share/doc/python3.11-doc")
@@ -91,15 +102,10 @@ def cpython() -> tuple[np.ndarray, np.ndarray]:
     return tokens, offsets
 
 
-SHARED = Path(
-    os.environ.get("SSSD_DEV_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data")
-)  # ../shared/data
-
-
 def outputs() -> tuple[np.ndarray, np.ndarray]:
     """SmolLM2's greedy outputs on 1,500 prompts (../shared/data/README.md), one document each."""
-    tokens = np.load(SHARED / "smollm2_other_outputs.tokens.npy").astype(np.int32)
-    return tokens, np.load(SHARED / "smollm2_other_outputs.offsets.npy").astype(np.int64)
+    tokens = np.load(DEV_DATA / "smollm2_other_outputs.tokens.npy").astype(np.int32)
+    return tokens, np.load(DEV_DATA / "smollm2_other_outputs.offsets.npy").astype(np.int64)
 
 
 def dev_contexts(n: int, length: int = 64, seed: int = 1) -> list[np.ndarray]:
@@ -107,7 +113,7 @@ def dev_contexts(n: int, length: int = 64, seed: int = 1) -> list[np.ndarray]:
     `length` tokens of prompt + output[:j] for a random pair and a random j."""
     import json
 
-    pairs = [json.loads(line) for line in (SHARED / "smollm2_dev_pairs.jsonl").read_text().splitlines()]
+    pairs = [json.loads(line) for line in (DEV_DATA / "smollm2_dev_pairs.jsonl").read_text().splitlines()]
     rng = np.random.default_rng(seed)
     out = []
     for _ in range(n):
@@ -123,7 +129,7 @@ def dev_rows(n: int) -> list[dict]:
     ``prompt_ids``, ``output_ids``, ``id``, ``subset``, ...)."""
     import json
 
-    rows = [json.loads(line) for line in (SHARED / "smollm2_dev_pairs.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (DEV_DATA / "smollm2_dev_pairs.jsonl").read_text().splitlines()]
     by = {s: [r for r in rows if r["subset"] == s] for s in ("mtbench", "humaneval")}
     return [by["mtbench" if i % 2 == 0 else "humaneval"][i // 2] for i in range(n)]
 

@@ -1,5 +1,5 @@
 """Every fault at once, for the soak test (tests/test_engine_chaos.py) and its long version
-(bench/fault_soak_full.py): drafter exceptions in every method, malformed drafter outputs of every kind,
+(tests/fault_soak.py chaos): drafter exceptions in every method, malformed drafter outputs of every kind,
 ``KeyboardInterrupt`` at random lines of the engine's code, forwards that fail (prefill, the tree forward,
 the output head; ``RuntimeError`` and ``torch.OutOfMemoryError``), and ``abort()`` from a second thread.
 Greedy and seeded sampling requests join over time; the reference is a fault-free plain-decoding engine

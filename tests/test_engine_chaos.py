@@ -1,7 +1,7 @@
 """Seeded sampling is a function of the seed and the tokens: a faulted run samples exactly the fault-free
 run's tokens. Seen before: with the output head raising on 15% of calls, 8 of 8 seeded requests differed
 (319 of 320 tokens); with Ctrl-C at random moments, 320 of 320. And every fault at once (tests/chaos.py):
-0 wrong tokens, 0 lost requests; the long version is bench/fault_soak_full.py."""
+0 wrong tokens, 0 lost requests; the long version is `tests/fault_soak.py chaos`."""
 
 from __future__ import annotations
 

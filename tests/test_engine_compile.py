@@ -427,7 +427,7 @@ def _run_script(args: list[str], tmp_path) -> dict:
 def test_step_ops_benchmark_counts_ops_inside_and_outside_the_forward(tmp_path):
     rows = _run_script(
         [
-            "bench_step_ops.py",
+            "engine/bench_step_ops.py",
             "--layers",
             "2",
             "--modes",
@@ -455,7 +455,7 @@ def test_step_ops_benchmark_counts_ops_inside_and_outside_the_forward(tmp_path):
 def test_gpu_table_script_runs_its_cpu_smoke_mode(tmp_path):
     rows = _run_script(
         [
-            "gpu_step_table.py",
+            "gpu/gpu_step_table.py",
             "--smoke",
             "--dtype",
             "float32",

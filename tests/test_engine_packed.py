@@ -169,7 +169,7 @@ def test_kernel_can_run_needs_cuda_half_types_and_head_dims():
 
 
 def test_gpu_cost_curve_script_runs_its_cpu_smoke_mode(tmp_path):
-    """bench/gpu_end_to_end.py drives the engine's adapter; its --smoke mode checks the script on a CPU."""
+    """bench/gpu/gpu_end_to_end.py drives the engine's adapter; its --smoke mode checks it on a CPU."""
     import json
     import os
     import subprocess
@@ -180,7 +180,7 @@ def test_gpu_cost_curve_script_runs_its_cpu_smoke_mode(tmp_path):
     out = tmp_path / "curve.json"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     args = ["--smoke", "--layers", "1", "--batch", "1,2", "--ctx", "0,70", "--tree", "1,9", "--iters", "1"]
-    cmd = [sys.executable, str(root / "bench" / "gpu_end_to_end.py"), *args, "--out", str(out)]
+    cmd = [sys.executable, str(root / "bench" / "gpu" / "gpu_end_to_end.py"), *args, "--out", str(out)]
     res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert res.returncode == 0, res.stderr
     data = json.loads(out.read_text())

@@ -55,9 +55,9 @@ run_sanitize() {
 
 run_bench() {
   echo "== tree attention microbenchmark (quick)"
-  python3 bench/bench_tree_attention.py --quick --out "$OUT/tree_attention_quick.json" 2>&1 | tail -40
+  python3 bench/gpu/bench_tree_attention.py --quick --out "$OUT/tree_attention_quick.json" 2>&1 | tail -40
   echo "== engine verification forward, packed vs sdpa (4 layers of Llama-3-8B shape)"
-  python3 bench/gpu_end_to_end.py --layers 4 --batch 1,8,32 --ctx 1024 --tree 1,8,32,64,128 \
+  python3 bench/gpu/gpu_end_to_end.py --layers 4 --batch 1,8,32 --ctx 1024 --tree 1,8,32,64,128 \
     --out "$OUT/gpu_cost_curve_4layers.json" 2>&1 | tail -25
 }
 
@@ -68,13 +68,13 @@ run_graphs() {
   SSSD_TEST_DEVICE=cuda SSSD_ATTENTION=sdpa python3 -m pytest -q -p no:cacheprovider \
     tests/test_engine_lossless.py 2>&1 | tail -8
   echo "== ops launched and time per step, eager vs CUDA graphs (SmolLM2-135M shape, random weights)"
-  python3 bench/bench_step_ops.py --device cuda --dtype bfloat16 --modes eager,cudagraph \
+  python3 bench/engine/bench_step_ops.py --device cuda --dtype bfloat16 --modes eager,cudagraph \
     --out "$OUT/step_ops_cuda.json" 2>&1 | grep -v "^  ready" | tail -14
 }
 
 run_table() {
   echo "== end-to-end tok/s, SmolLM2-135M shape (${SSSD_GPU_MODEL:-random} weights)"
-  python3 bench/gpu_step_table.py --model "${SSSD_GPU_MODEL:-random}" --out "$OUT/gpu_step_table.json" \
+  python3 bench/gpu/gpu_step_table.py --model "${SSSD_GPU_MODEL:-random}" --out "$OUT/gpu_step_table.json" \
     2>&1 | grep -v "^  " | tail -24
 }
 

@@ -1,6 +1,6 @@
 """Evaluating drafters on (prompt, output) pairs: drafter variants, calibration fitting, cross-fitting.
 
-Used by ``sssd simulate``, ``sssd calibrate`` and ``bench/bench_drafter.py``. A calibration table must
+Used by ``sssd simulate``, ``sssd calibrate`` and ``bench/drafter/bench_drafter.py``. A calibration table must
 be judged on pairs it was not fitted on: ``fit_calibration`` fits on one set, ``crossfit_simulate``
 measures every pair with a table fitted on the other folds.
 """

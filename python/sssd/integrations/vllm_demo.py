@@ -9,7 +9,7 @@ needs ``arctic-inference``), ``sssd`` (sssd's proposer on the request's own toke
 Each method runs in its own process (vLLM starts its engine core with spawn, one engine per process).
 Greedy decoding: every method's token ids are compared with plain vLLM's.
 
-``run_method`` is also the benchmark's worker (bench/bench_vllm.py).
+``run_method`` is also the benchmark's worker (bench/serving/bench_vllm.py).
 """
 
 from __future__ import annotations

@@ -1,0 +1,291 @@
+"""Every speculation budget side by side: transformers' ``generate``, the engine's plain decoding (budget 0),
+fixed budgets and the adaptive policy, in each dtype, on what the package ships: the demo's prompts (five
+kinds, taken in turn: chat, code, code-edit, passage, json) with the chat template, and a datastore of the
+bundled corpus (SmolLM2-135M-Instruct's own outputs on other prompts). Greedy, EOS respected.
+
+    OMP_NUM_THREADS=1 PYTHONPATH=python python3 bench/engine/bench_budgets.py            # quick (minutes)
+    OMP_NUM_THREADS=1 PYTHONPATH=python python3 bench/engine/bench_budgets.py --full     # the README's table
+
+Interleaved: in every round each run takes its turn on a prompt (a batch of prompts at batch > 1) before
+the next prompt, in an order that rotates, so a load that comes and goes slows every run alike. Each run
+builds a fresh engine (drafter, policy) per round and keeps it over that round's prompts, as a server
+would. tokens/s = output tokens / wall time of the generate calls (prefill included), per round; the
+table gives the median and the minimum over rounds, and every ratio is taken within a round (side by
+side) before its median/min. Identical: outputs equal token for token to the engine's plain decoding in
+the same dtype (float32: must be all; bfloat16: rounding differs between a many-token forward and
+one-token forwards, so outputs can drift; where they differ, the position of the first difference). The
+adaptive rows also print the budgets the policy chose and its predicted against its measured step times.
+Speed depends on the machine and its load: the header prints both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import sssd
+import torch
+from bench_engine import hf_generate  # greedy generate, left-padded batches, cut after EOS
+from sssd.cli.demo import bundled_items, first_difference
+from sssd.data import sample_corpus, sample_vocab_size
+from sssd.models.loading import chat_ids, cpu_bf16_units, load_model
+
+
+@dataclass
+class Run:
+    """One configuration and what it measured: per round (rates), per prompt (outputs, MAL)."""
+
+    name: str
+    budget: int | None  # None: transformers' generate
+    mode: str = "fixed"
+    secs: list = field(default_factory=list)  # [rounds]
+    tokens: list = field(default_factory=list)  # [rounds]
+    steps: int = 0
+    outputs: dict = field(default_factory=dict)  # prompt index -> tokens (last round)
+    prompt_steps: dict = field(default_factory=dict)  # prompt index -> forward passes (last round)
+    nodes: list = field(default_factory=list)  # draft nodes verified per step (every round)
+    trace: list = field(default_factory=list)  # the adaptive policy's PolicyStep records (every round)
+
+    def rate(self, r: int) -> float:
+        return self.tokens[r] / self.secs[r]
+
+
+def runs_for(budgets: list[int], cap: int, hf: bool) -> list[Run]:
+    runs = [Run("generate", None)] if hf else []
+    runs += [Run("budget 0" if b == 0 else f"fixed {b}", b) for b in budgets]
+    return [*runs, Run(f"adaptive 0..{cap}", cap, "adaptive")]
+
+
+def engine_for(run: Run, model, tok, ds, batch: int):
+    drafter = sssd.Drafter(datastore=ds) if run.budget else None
+    cfg = sssd.EngineConfig(budget=run.budget, budget_mode=run.mode, max_batch_size=batch)
+    return sssd.Engine(model, tok, drafter=drafter, config=cfg)
+
+
+def one_turn(run: Run, engine, hf_model, chunk: list[int], prompts, new: int, eos: int) -> tuple[int, float]:
+    """Runs ``run`` on the prompts of ``chunk`` (indexes); records outputs and steps. (tokens, seconds)."""
+    ps = [prompts[i] for i in chunk]
+    t = time.perf_counter()
+    if engine is None:
+        outs = hf_generate(hf_model, ps, new, eos)
+    else:
+        before = engine.stats.steps
+        res = engine.generate(ps, max_new_tokens=new)
+        outs = [r.tokens for r in res]
+        taken = engine.stats.steps - before
+        run.steps += taken
+        run.nodes += [h.num_nodes - h.batch_size for h in list(engine.stats.history)[-taken:]]
+        if run.mode == "adaptive" and taken:  # the policy keeps its most recent steps only
+            run.trace += list(engine.policy.trace)[-taken:]
+        for i, r in zip(chunk, res, strict=True):
+            run.prompt_steps[i] = r.stats.steps
+    secs = time.perf_counter() - t
+    for i, o in zip(chunk, outs, strict=True):
+        run.outputs[i] = o
+    return sum(map(len, outs)), secs
+
+
+def measure(
+    runs: list[Run], models, tok, ds, prompts, batch: int, rounds: int, new: int, fresh: bool
+) -> None:
+    """``rounds`` rounds; in each, every run takes its turn on every chunk of ``batch`` prompts, with one
+    engine per round (``fresh``: per turn, so that the adaptive policy starts cold on every chunk)."""
+    model, hf_model = models
+    eos = int(tok.eos_token_id)
+    chunks = [list(range(i, min(i + batch, len(prompts)))) for i in range(0, len(prompts), batch)]
+    for r in range(rounds):
+        make = lambda run: None if run.budget is None else engine_for(run, model, tok, ds, batch)  # noqa: E731
+        engines = [make(run) for run in runs]
+        tokens, secs = np.zeros(len(runs), dtype=np.int64), np.zeros(len(runs))
+        for c, chunk in enumerate(chunks):
+            for j in range(len(runs)):
+                k = (r + c + j) % len(runs)
+                if fresh and c > 0:
+                    engines[k] = make(runs[k])
+                n, s = one_turn(runs[k], engines[k], hf_model, chunk, prompts, new, eos)
+                tokens[k] += n
+                secs[k] += s
+        for run, n, s in zip(runs, tokens, secs, strict=True):
+            run.tokens.append(int(n))
+            run.secs.append(float(s))
+        line = ", ".join(f"{run.name} {run.rate(r):.1f}" for run in runs)
+        print(f"  round {r + 1}/{rounds}: tok/s {line}", flush=True)
+
+
+def agreement(run: Run, plain: Run) -> str:
+    """'k/n' identical to ``plain``, with the first-difference positions of the others."""
+    diffs = [first_difference(run.outputs[i], plain.outputs[i]) for i in sorted(plain.outputs)]
+    where = [d for d in diffs if d is not None]
+    tail = f" (first difference at {', '.join(map(str, where))})" if where else ""
+    return f"{len(diffs) - len(where)}/{len(diffs)}{tail}"
+
+
+def ratio(a: Run, b: Run) -> tuple[float, float]:
+    """Median and min over rounds of a's rate over b's, each taken in the same round."""
+    r = [a.rate(i) / b.rate(i) for i in range(len(a.secs))]
+    return float(np.median(r)), float(np.min(r))
+
+
+def table(runs: list[Run], dtype: str, batch: int) -> list[str]:
+    plain = next(r for r in runs if r.budget == 0)
+    hf = next((r for r in runs if r.budget is None), None)
+    fixed = [r for r in runs if r.budget is not None and r.mode == "fixed"]
+    best = max(fixed, key=lambda r: np.median([r.rate(i) for i in range(len(r.secs))]))
+    lines = []
+    for run in runs:
+        rates = [run.rate(i) for i in range(len(run.secs))]
+        mal = (
+            f"{run.tokens[-1] / max(sum(run.prompt_steps.values()), 1):.2f}"
+            if run.budget is not None
+            else "-"
+        )
+        vs_hf = "{:.2f}x ({:.2f})".format(*ratio(run, hf)) if hf else "-"
+        vs_best = "{:.2f}x ({:.2f})".format(*ratio(run, best))
+        ident = "reference" if run is plain else agreement(run, plain)
+        mark = " (best fixed)" if run is best else ""
+        lines.append(
+            f"| {dtype} | {batch} | {run.name}{mark} | {np.median(rates):.1f} ({min(rates):.1f}) | {mal} | "
+            f"{vs_hf} | {vs_best} | {ident} |"
+        )
+    return lines
+
+
+def policy_lines(run: Run, dtype: str, batch: int) -> list[str]:
+    """What the adaptive policy chose, and how well its cost model predicted the steps it took."""
+    tr = run.trace
+    if not tr:
+        return []
+    k = np.array([t.budget for t in tr])
+    drafted = np.array([t.drafted for t in tr])
+    ratio_ = np.array([t.predicted_s / t.step_s for t in tr if t.step_s > 0])
+    edges = [0, 1, 4, 8, 16, 32, 64, 1 << 30]
+    hist = np.histogram(k, bins=edges)[0]
+    names = ["0", "1-3", "4-7", "8-15", "16-31", "32-63", "64+"]
+    spread = ", ".join(f"{name}: {n / len(k):.0%}" for name, n in zip(names, hist, strict=True) if n)
+    return [
+        f"- {dtype}, batch {batch}, {run.name}: {len(k)} steps; draft nodes verified per step mean "
+        f"{k.mean():.1f}, none on {np.mean(k == 0):.0%} of steps ({np.mean(~drafted):.0%} without calling "
+        "the drafter); "
+        f"by size {spread}; predicted / measured step time median {np.median(ratio_):.2f} "
+        f"(10-90%: {np.percentile(ratio_, 10):.2f}-{np.percentile(ratio_, 90):.2f})"
+    ]
+
+
+def kind_lines(runs: list[Run], items, dtype: str, batch: int) -> list[str]:
+    """MAL per prompt kind of the adaptive run and of the largest fixed budget."""
+    out = []
+    for run in (r for r in runs if r.budget and (r.mode == "adaptive" or r is runs[-2])):
+        by = {}
+        for i, it in enumerate(items):
+            if i in run.prompt_steps:
+                n, s = by.get(it["kind"], (0, 0))
+                by[it["kind"]] = (n + len(run.outputs[i]), s + run.prompt_steps[i])
+        out.append(
+            f"- {dtype}, batch {batch}, {run.name}: MAL "
+            + ", ".join(f"{k} {n / s:.2f}" for k, (n, s) in by.items())
+        )
+    return out
+
+
+def header(args) -> list[str]:
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    units = cpu_bf16_units() or "none"
+    return [
+        f"`{' '.join(['python3', 'bench/engine/bench_budgets.py', *sys.argv[1:]])}`",
+        "",
+        f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}, bfloat16 "
+        f"matrix units: {units}, {torch.get_num_threads()} torch thread(s), {os.cpu_count()} CPUs, load "
+        f"average at start {load}; {args.rounds} interleaved rounds, {args.max_new_tokens} new tokens at "
+        "most per prompt",
+        "",
+        "| dtype | batch | run | tok/s median (min) | MAL | vs generate median (min) "
+        "| vs best fixed median (min) | identical to budget 0 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--prompts", type=int, default=5, help="bundled prompts (kinds in turn; 12 = all)")
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--batches", default="1")
+    ap.add_argument("--budgets", default="0,4,8,16,32", help="fixed budgets (0: the engine's plain decoding)")
+    ap.add_argument(
+        "--cap", type=int, help="the adaptive policy's largest budget (default: the largest fixed)"
+    )
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--no-hf", action="store_true", help="skip transformers' generate")
+    ap.add_argument(
+        "--fresh", action="store_true", help="a new engine for every turn (the policy starts cold)"
+    )
+    ap.add_argument(
+        "--full", action="store_true", help="= --prompts 12 --max-new-tokens 256 --rounds 3 --batches 1,4"
+    )
+    ap.add_argument("--out", help="append the markdown to this file")
+    ap.add_argument("--json", help="write every measurement (per round, per prompt) to this JSON file")
+    args = ap.parse_args()
+    if args.full:
+        args.prompts, args.max_new_tokens, args.rounds, args.batches = 12, 256, 3, "1,4"
+    args.budgets = [int(b) for b in args.budgets.split(",")]
+    if 0 not in args.budgets:
+        raise SystemExit("--budgets must include 0 (the plain decoding every output is compared with)")
+    args.cap = args.cap or max(args.budgets)
+    return args
+
+
+def bench_dtype(args, dtype: str, items) -> tuple[list[str], list[str], list[dict]]:
+    """Every batch size in ``dtype``: (table rows, notes, raw measurements)."""
+    model, tok, _ = load_model(None, dtype)
+    hf_model = None if args.no_hf else load_model(None, dtype)[0]  # the engine switches its model's attention
+    prompts = [chat_ids(tok, it["text"]) for it in items]
+    rows, notes, dump = [], [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "d.sssd"
+        sssd.build_datastore(sample_corpus(), path, vocab_size=sample_vocab_size(), tokenizer=tok)
+        ds = sssd.Datastore.open(path, tokenizer=tok)
+        for batch in map(int, args.batches.split(",")):
+            runs = runs_for(args.budgets, args.cap, not args.no_hf)
+            measure(
+                runs, (model, hf_model), tok, ds, prompts, batch, args.rounds, args.max_new_tokens, args.fresh
+            )
+            rows += table(runs, dtype, batch)
+            print("\n".join(rows[-len(runs) :]), flush=True)
+            notes += policy_lines(runs[-1], dtype, batch) + kind_lines(runs, items, dtype, batch)
+            dump += [
+                {"dtype": dtype, "batch": batch, "run": r.name, "tokens": r.tokens, "secs": r.secs,
+                 "outputs": {items[i]["id"]: o for i, o in r.outputs.items()}}
+                for r in runs
+            ]  # fmt: skip
+    return rows, notes, dump
+
+
+def main() -> int:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    items = bundled_items(args.prompts)
+    lines, notes, dump = header(args), [], []
+    print("\n".join(lines), flush=True)
+    for dtype in args.dtypes.split(","):
+        r, n, d = bench_dtype(args, dtype, items)
+        lines, notes, dump = lines + r, notes + n, dump + d
+    notes.append(f"- load average at the end: {', '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    print("\n" + "\n".join(notes))
+    if args.out:
+        with open(args.out, "a", encoding="utf-8") as f:
+            f.write("\n".join([*lines, "", *notes]) + "\n\n")
+    if args.json:
+        Path(args.json).write_text(json.dumps(dump) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
