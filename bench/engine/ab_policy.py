@@ -1,0 +1,110 @@
+"""Budget-policy variants side by side: fixed budgets and adaptive policies with changed settings,
+interleaved prompt by prompt (batch by batch), on the bundled demo prompts and datastore, greedy.
+
+    OMP_NUM_THREADS=1 PYTHONPATH=python python3 bench/engine/ab_policy.py --dtype bfloat16 --batch 4 \\
+        fixed:16 fixed:4 adaptive adaptive:prior_slope=5e-5
+
+A variant is ``fixed:K``, or ``adaptive`` with ``BudgetConfig`` fields after a colon (``adaptive:
+explore_every=4,min_gain=0``) and ``prior_slope=S``: the built-in relative cost prior's per-token slope
+(default 2e-4, i.e. 4% of a one-token forward). Every adaptive variant may choose up to ``--cap`` nodes.
+Prints, per round, each variant's tokens/s, its ratio to the first variant and its tokens per forward.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import sssd
+import sssd.policy.cost_model as cost_model
+import torch
+from sssd.cli.demo import bundled_items
+from sssd.data import sample_corpus, sample_vocab_size
+from sssd.models.loading import chat_ids, load_model
+from sssd.policy.adaptive import BudgetConfig, BudgetPolicy
+
+
+def parse_variant(text: str) -> tuple[str, int | None, dict, float | None]:
+    """'fixed:16' -> ('fixed', 16, {}, None); 'adaptive:min_gain=0,prior_slope=5e-5' -> ('adaptive', None,
+    {'min_gain': 0.0}, 5e-5)."""
+    kind, _, rest = text.partition(":")
+    if kind == "fixed":
+        return kind, int(rest), {}, None
+    if kind != "adaptive":
+        raise argparse.ArgumentTypeError(f"variant must be fixed:K or adaptive[:key=value,...], got {text!r}")
+    fields, slope = {}, None
+    for item in filter(None, rest.split(",")):
+        key, _, value = item.partition("=")
+        if key == "prior_slope":
+            slope = float(value)
+        else:
+            fields[key] = type(getattr(BudgetConfig(), key))(float(value))
+    return kind, None, fields, slope
+
+
+def make_engine(variant, model, tok, ds, batch: int, cap: int):
+    kind, k, fields, slope = variant
+    drafter = sssd.Drafter(datastore=ds)
+    if kind == "fixed":
+        return sssd.Engine(
+            model,
+            tok,
+            drafter=drafter,
+            config=sssd.EngineConfig(budget=k, budget_mode="fixed", max_batch_size=batch),
+        )
+    default = cost_model.DEFAULT_FORWARD
+    if slope is not None:  # the relative prior is read when the cost model is made
+        cost_model.DEFAULT_FORWARD = (default[0], slope, default[2], default[3])
+    try:
+        policy = BudgetPolicy(BudgetConfig(budget=cap, **fields))
+    finally:
+        cost_model.DEFAULT_FORWARD = default
+    config = sssd.EngineConfig(budget=cap, max_batch_size=batch, policy=policy)
+    return sssd.Engine(model, tok, drafter=drafter, config=config)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "variants", nargs="+", help="fixed:K or adaptive[:key=value,...]; the first is the reference"
+    )
+    ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--prompts", type=int, default=12, help="bundled prompts (kinds in turn; 12 = all)")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--cap", type=int, default=32, help="the adaptive variants' largest budget")
+    args = ap.parse_args()
+    variants = [parse_variant(v) for v in args.variants]
+    torch.set_num_threads(1)
+    model, tok, _ = load_model(None, args.dtype)
+    prompts = [chat_ids(tok, it["text"]) for it in bundled_items(args.prompts)]
+    chunks = [prompts[i : i + args.batch] for i in range(0, len(prompts), args.batch)]
+    print(f"{args.dtype}, batch {args.batch}, {len(prompts)} prompts x {args.max_new_tokens} tokens; "
+          f"ratios to {args.variants[0]}")  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "d.sssd"
+        sssd.build_datastore(sample_corpus(), path, vocab_size=sample_vocab_size(), tokenizer=tok)
+        ds = sssd.Datastore.open(path, tokenizer=tok)
+        for r in range(args.rounds):
+            engines = [make_engine(v, model, tok, ds, args.batch, args.cap) for v in variants]
+            tokens, secs, steps = [0] * len(variants), [0.0] * len(variants), [0] * len(variants)
+            for c, chunk in enumerate(chunks):
+                for j in range(len(variants)):
+                    i = (r + c + j) % len(variants)  # a rotating order: a passing load slows all alike
+                    before, t = engines[i].stats.steps, time.perf_counter()
+                    out = engines[i].generate(chunk, max_new_tokens=args.max_new_tokens)
+                    secs[i] += time.perf_counter() - t
+                    tokens[i] += sum(len(o.tokens) for o in out)
+                    steps[i] += engines[i].stats.steps - before
+            ref = tokens[0] / secs[0]
+            cells = [f"{name} {n / s:.1f} tok/s ({n / s / ref:.2f}x, {n / st:.2f} tokens/forward)"
+                     for name, n, s, st in zip(args.variants, tokens, secs, steps, strict=True)]  # fmt: skip
+            print(f"round {r + 1}: " + ", ".join(cells), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
