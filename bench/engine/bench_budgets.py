@@ -4,7 +4,9 @@ kinds, taken in turn: chat, code, code-edit, passage, json) with the chat templa
 bundled corpus (SmolLM2-135M-Instruct's own outputs on other prompts). Greedy, EOS respected.
 
     OMP_NUM_THREADS=1 PYTHONPATH=python python3 bench/engine/bench_budgets.py            # quick (minutes)
-    OMP_NUM_THREADS=1 PYTHONPATH=python python3 bench/engine/bench_budgets.py --full     # the README's table
+    OMP_NUM_THREADS=1 PYTHONPATH=python python3 bench/engine/bench_budgets.py --prompts 12 \
+        --max-new-tokens 128 --rounds 1 --batches 1,4          # the README's table (~35 minutes)
+    OMP_NUM_THREADS=1 PYTHONPATH=python python3 bench/engine/bench_budgets.py --full  # 256 tokens, 3 rounds
 
 Interleaved: in every round each run takes its turn on a prompt (a batch of prompts at batch > 1) before
 the next prompt, in an order that rotates, so a load that comes and goes slows every run alike. Each run
