@@ -6,7 +6,14 @@ import json
 
 import numpy as np
 import pytest
-from sssd.policy.cost_model import KNOTS, CostModel, StepSample, huber_irls
+from sssd.policy.cost_model import (
+    KNOTS,
+    CostModel,
+    StepSample,
+    huber_irls,
+    tree_pairs_estimate,
+    tree_pairs_of,
+)
 
 
 def _synthetic(rng, n, coef, outlier_frac=0.1):
@@ -117,13 +124,17 @@ def test_profile_round_trip(tmp_path):
     back = CostModel.load(p)
     np.testing.assert_allclose(back.forward.coef, cm.forward.coef)
     np.testing.assert_allclose(back.draft.coef, cm.draft.coef)
-    assert json.loads(p.read_text())["version"] == 2
+    assert json.loads(p.read_text())["version"] == 3
     with pytest.raises(FileNotFoundError):
         CostModel.load(tmp_path / "missing.json")
     old = json.loads(p.read_text())  # a profile from before the tree-step term still loads
     del old["forward"]["tree"]
     (tmp_path / "old.json").write_text(json.dumps(old))
     assert CostModel.load(tmp_path / "old.json").forward.coef[-2] == 0.0
+    del old["forward"]["tree_attention"]  # nor the tree attention term (version 2)
+    old["version"] = 2
+    (tmp_path / "v2.json").write_text(json.dumps(old))
+    assert CostModel.load(tmp_path / "v2.json").forward.coef[-3] == 0.0
     other_knots = json.loads(p.read_text())
     other_knots["forward"]["knots"] = [1, 4, 16]
     (tmp_path / "knots.json").write_text(json.dumps(other_knots))
@@ -196,14 +207,15 @@ def test_token_cost_follows_a_curve_a_line_cannot(points):
 
 
 def test_default_prior_is_scaled_to_the_machine():
-    """The built-in prior gives a shape (4% of a step per token), not another machine's seconds: a few
-    plain steps of 50 ms make the model predict 50 ms, and sizes never measured cost 4% per token of it."""
+    """The built-in prior gives a shape (4% of a step per token, 1e-5 per tree attention pair), not another
+    machine's seconds: a few plain steps of 50 ms make the model predict 50 ms, and sizes never measured
+    cost 4% per token of it plus their attention."""
     cm = CostModel()
     for _ in range(3):
         cm.observe(StepSample(1, 300, 1, 0, forward_s=0.050))
     plain, tree = cm.predict(1, 300, [0, 32], drafted=False).forward
     assert plain == pytest.approx(0.050, rel=0.02)
-    assert tree / plain - 1 == pytest.approx(32 * 0.04, rel=0.1)
+    assert tree / plain - 1 == pytest.approx(32 * 0.04 + 32 * (300 + 1 + 32) * 1e-5, rel=0.1)
     absolute = CostModel(forward=(2e-8, 2e-4, 0.0, 5e-3))  # an explicit prior keeps its seconds
     for _ in range(3):
         absolute.observe(StepSample(1, 300, 1, 0, forward_s=0.050))
@@ -220,3 +232,47 @@ def test_prefill_beyond_the_measured_sizes_keeps_the_measured_slope():
     assert cm.prefill_time(500) - float(cm.predict(1, 0, 0, drafted=False).total) == pytest.approx(
         0.002 * 499, rel=0.05
     )
+
+
+def test_tree_pairs_price_where_the_nodes_go():
+    """At batch 4 the attention runs padded to the largest tree: the same 16 draft nodes on one request
+    cost more than 4 on each. Fitted on steps of both kinds (and plain ones), the model tells them apart;
+    the even-spread estimate is what a caller without the trees' shapes gets."""
+    rng = np.random.default_rng(0)
+    per_pair, ctx = 5e-7, 4 * 600
+
+    def forward_s(sizes):
+        return 0.06 + 5e-5 * (sum(sizes) - 4) + per_pair * tree_pairs_of(sizes, [600] * 4)
+
+    cm = CostModel()
+    for i in range(240):
+        sizes = [[1, 1, 1, 1], [5, 5, 5, 5], [17, 1, 1, 1], [9, 9, 1, 1]][i % 4]
+        t = forward_s(sizes) * float(np.exp(rng.normal(0, 0.02)))
+        cm.observe(
+            StepSample(4, ctx, sum(sizes), 16, forward_s=t, tree_pairs=tree_pairs_of(sizes, [600] * 4))
+        )
+    for sizes in ([5, 5, 5, 5], [17, 1, 1, 1], [9, 9, 1, 1]):
+        pairs = tree_pairs_of(sizes, [600] * 4)
+        pred = float(cm.predict(4, ctx, sum(sizes) - 4, drafted=False, tree_pairs=pairs).forward)
+        assert pred == pytest.approx(forward_s(sizes), rel=0.03)
+    concentrated = tree_pairs_of([17, 1, 1, 1], [600] * 4)
+    assert concentrated == 4 * 16 * 617 and tree_pairs_of([5, 5, 5, 5], [600] * 4) == 4 * 4 * 605
+    assert tree_pairs_estimate(4, ctx, 16) == pytest.approx(4 * 4 * (600 + 1 + 4))
+    assert tree_pairs_of([], []) == 0.0
+
+
+def test_sizes_beyond_the_measured_continue_the_last_measured_slope():
+    """A forward measured flat up to 17 tokens (bfloat16 matrix units) is predicted flat beyond, not at the
+    prior's 4% per token, so the policy tries the larger trees and measures them; a steep one stays steep."""
+    for slope in (2e-5, 2e-3):
+        cm, prior = CostModel(), CostModel(extend_slope=False)
+        for i in range(120):
+            k = i % 17
+            for m in (cm, prior):
+                m.observe(StepSample(1, 300, 1 + k, k, forward_s=0.05 + slope * k, tree_pairs=0.0))
+        for m in (cm, prior):
+            m.forward.refit()
+        grow = lambda m: float(np.diff(m.predict(1, 300, [16, 48], drafted=False, tree_pairs=0.0).forward)[0])  # noqa: E731
+        assert grow(cm) == pytest.approx(32 * slope, rel=0.3, abs=2e-4)
+        if slope < 1e-4:
+            assert grow(prior) > 20 * grow(cm)  # the prior's 4% per token: the case this is for

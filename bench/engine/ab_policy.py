@@ -5,8 +5,8 @@ interleaved prompt by prompt (batch by batch), on the bundled demo prompts and d
         fixed:16 fixed:4 adaptive adaptive:prior_slope=5e-5
 
 A variant is ``fixed:K``, or ``adaptive`` with ``BudgetConfig`` fields after a colon (``adaptive:
-explore_every=4,min_gain=0``) and ``prior_slope=S``: the built-in relative cost prior's per-token slope
-(default 2e-4, i.e. 4% of a one-token forward). Every adaptive variant may choose up to ``--cap`` nodes.
+explore_every=4,min_gain=0``), ``prior_slope=S``: the built-in relative cost prior's per-token slope
+(default 2e-4, i.e. 4% of a one-token forward) and ``extend_slope=0|1``: the ``CostModel`` option. Every adaptive variant may choose up to ``--cap`` nodes.
 Prints, per round, each variant's tokens/s, its ratio to the first variant and its tokens per forward.
 """
 
@@ -26,26 +26,28 @@ from sssd.models.loading import chat_ids, load_model
 from sssd.policy.adaptive import BudgetConfig, BudgetPolicy
 
 
-def parse_variant(text: str) -> tuple[str, int | None, dict, float | None]:
-    """'fixed:16' -> ('fixed', 16, {}, None); 'adaptive:min_gain=0,prior_slope=5e-5' -> ('adaptive', None,
-    {'min_gain': 0.0}, 5e-5)."""
+def parse_variant(text: str) -> tuple[str, int | None, dict, dict]:
+    """'fixed:16' -> ('fixed', 16, {}, {}); 'adaptive:min_gain=0,prior_slope=5e-5' -> ('adaptive', None,
+    {'min_gain': 0.0}, {'prior_slope': 5e-5}): BudgetConfig fields, then the cost model's options."""
     kind, _, rest = text.partition(":")
     if kind == "fixed":
-        return kind, int(rest), {}, None
+        return kind, int(rest), {}, {}
     if kind != "adaptive":
         raise argparse.ArgumentTypeError(f"variant must be fixed:K or adaptive[:key=value,...], got {text!r}")
-    fields, slope = {}, None
+    fields, cost = {}, {}
     for item in filter(None, rest.split(",")):
         key, _, value = item.partition("=")
         if key == "prior_slope":
-            slope = float(value)
+            cost[key] = float(value)
+        elif key == "extend_slope":
+            cost[key] = bool(float(value))
         else:
             fields[key] = type(getattr(BudgetConfig(), key))(float(value))
-    return kind, None, fields, slope
+    return kind, None, fields, cost
 
 
 def make_engine(variant, model, tok, ds, batch: int, cap: int):
-    kind, k, fields, slope = variant
+    kind, k, fields, cost = variant
     drafter = sssd.Drafter(datastore=ds)
     if kind == "fixed":
         return sssd.Engine(
@@ -55,10 +57,11 @@ def make_engine(variant, model, tok, ds, batch: int, cap: int):
             config=sssd.EngineConfig(budget=k, budget_mode="fixed", max_batch_size=batch),
         )
     default = cost_model.DEFAULT_FORWARD
-    if slope is not None:  # the relative prior is read when the cost model is made
-        cost_model.DEFAULT_FORWARD = (default[0], slope, default[2], default[3])
+    if "prior_slope" in cost:  # the relative prior is read when the cost model is made
+        cost_model.DEFAULT_FORWARD = (default[0], cost["prior_slope"], default[2], default[3])
     try:
-        policy = BudgetPolicy(BudgetConfig(budget=cap, **fields))
+        model_kw = {"extend_slope": cost["extend_slope"]} if "extend_slope" in cost else {}
+        policy = BudgetPolicy(BudgetConfig(budget=cap, **fields), cost_model.CostModel(**model_kw))
     finally:
         cost_model.DEFAULT_FORWARD = default
     config = sssd.EngineConfig(budget=cap, max_batch_size=batch, policy=policy)

@@ -30,10 +30,11 @@ import numpy as np
 
 from sssd.checks import check_fields
 from sssd.policy.admission import Candidate, RunningState, admit_with_slo, expected_remaining
-from sssd.policy.cost_model import CostModel, StepSample
+from sssd.policy.cost_model import CostModel, StepSample, tree_pairs_of
 from sssd.policy.goodput import (
     BudgetChoice,
     accumulated_probs,
+    candidate_tree_pairs,
     cap_per_request,
     choose_budget,
     explore_budget,
@@ -152,6 +153,7 @@ class BudgetPolicy:
         self._draft_value = 0.0  # running mean of the drafter's predicted net value (relative goodput)
         self._last: StepPlan | None = None
         self._last_rids: list[int] = []
+        self._last_pairs = 0.0  # tree attention pairs of the last step's verified trees
         self._last_step_s = 0.0
         self._slo_proposed = False
         self._finished: OrderedDict[int, tuple[float, int, SLOTarget | None]] = OrderedDict()
@@ -235,6 +237,7 @@ class BudgetPolicy:
         n_context = int(sum(view.context_lens))
         cfg = self.config
         self._last_rids = rids
+        self._last_pairs = 0.0
         self._last = StepPlan(None, 0, 0.0, self._predict(len(rids), n_context, 0, False), False)
         if not rids or cfg.budget == 0:
             return 0
@@ -261,8 +264,10 @@ class BudgetPolicy:
         adaptive: the best expected goodput; SLO targets: see the module doc). A batch without
         ``rank``/``gain`` (a drafter outside the contract's scheduling fields) is verified whole."""
         cfg = self.config
+        ctx_lens = np.asarray(view.context_lens, dtype=np.int64)
         if not (hasattr(batch, "rank") and hasattr(batch, "gain")):
             k = int(len(batch.tokens) - len(batch.offsets) + 1)
+            self._last_pairs = tree_pairs_of(np.diff(np.asarray(batch.offsets)), ctx_lens)
             self._last = StepPlan(batch, k, 0.0, self._predict(len(view.request_ids), 0, k, True), True)
             return batch
         rids = list(view.request_ids)
@@ -273,7 +278,11 @@ class BudgetPolicy:
         if cfg.mode == "fixed":
             k = min(cfg.budget, len(batch.gain) - 1)
             exp = float(self.correction * batch.gain[k])
-            pred = float(self.cost.predict(b, n_context, k, drafted=True, draft_budget=cfg.budget).total)
+            self._last_pairs = float(candidate_tree_pairs(batch, ctx_lens)[k])
+            pred = self.cost.predict(
+                b, n_context, k, drafted=True, draft_budget=cfg.budget, tree_pairs=self._last_pairs
+            )
+            pred = float(pred.total)
             self._last = StepPlan(truncate_batch(batch, k), k, exp, pred, True)
             self._last_raw = kept_per_request(self._last.batch)
             return self._last.batch
@@ -282,13 +291,15 @@ class BudgetPolicy:
         corr = self.correction
         if not slo and cfg.acceptance_correction and cfg.request_correction_prior > 0:
             batch, corr = scale_by_request(batch, self._request_scales(rids)), 1.0
+        pairs = candidate_tree_pairs(batch, ctx_lens)
         choice = choose_budget(
             batch.gain, b, n_context, self.cost, correction=corr, min_gain=cfg.min_gain,
-            draft_budget=cfg.budget,
+            draft_budget=cfg.budget, tree_pairs=pairs,
         )  # fmt: skip
         if slo:
             rerank = not getattr(self, "_slo_proposed", False)
-            batch, choice = self._slo_choice(batch, choice, b, n_context, targets, prio, rerank)
+            batch, choice = self._slo_choice(batch, choice, b, n_context, targets, prio, rerank, ctx_lens)
+            pairs = candidate_tree_pairs(batch, ctx_lens)
         else:
             self._tick += 1
             plain = self._since_plain >= cfg.plain_probe_every
@@ -298,6 +309,7 @@ class BudgetPolicy:
             )  # fmt: skip
         self._update_backoff(choice, b, n_context)
         k = choice.budget
+        self._last_pairs = float(pairs[k])
         kept = truncate_batch(batch, k)
         self._last = StepPlan(kept, k, choice.expected_accepted, choice.predicted_s, True, choice)
         self._last_raw = kept_per_request(kept)
@@ -352,7 +364,7 @@ class BudgetPolicy:
         else:
             self._backoff = 1
 
-    def _slo_choice(self, batch, choice: BudgetChoice, b, n_context, targets, prio, rerank: bool):
+    def _slo_choice(self, batch, choice: BudgetChoice, b, n_context, targets, prio, rerank: bool, ctx_lens):
         """Re-ranks SLO-first for the throughput choice's step time (unless the drafter already did),
         then picks, among budgets within the goodput tolerance of the best, the one meeting the most
         priority-weighted targets."""
@@ -362,7 +374,10 @@ class BudgetPolicy:
             slo_first(batch, step_s, targets, slack_s=cfg.slo_slack_s, priority=prio) if rerank else batch
         )
         corr = self.correction
-        c2 = choose_budget(ranked.gain, b, n_context, self.cost, correction=corr, draft_budget=cfg.budget)
+        c2 = choose_budget(
+            ranked.gain, b, n_context, self.cost, correction=corr, draft_budget=cfg.budget,
+            tree_pairs=candidate_tree_pairs(ranked, ctx_lens),
+        )  # fmt: skip
         best_gp = float(choice.goodput.max())
         table = request_gain_table(ranked, accumulated_probs(ranked))  # [K+1, B]
         tpot = c2.step_s[:, None] / (1.0 + corr * table)  # predicted TPOT per budget and request
@@ -393,6 +408,7 @@ class BudgetPolicy:
                 forward_s=float(timing.forward_time),
                 draft_s=float(timing.draft_time),
                 other_s=max(0.0, float(timing.step_time) - timing.forward_time - timing.draft_time),
+                tree_pairs=self._last_pairs if drafted else 0.0,
             )
         )
         self.history.append((b, 0 if plan is None else plan.budget))

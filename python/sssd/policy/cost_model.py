@@ -2,8 +2,12 @@
 
 A step has three timed parts, each modelled as a function that is linear in its coefficients:
 
-- forward (verification): ``T_fwd = a·N_context + g(N_batched) + t·[any draft node] + c`` where
+- forward (verification): ``T_fwd = a·N_context + g(N_batched) + p·P_tree + t·[any draft node] + c`` where
   ``N_context`` is the total number of committed tokens of the batch (the attention reads them),
+  ``P_tree`` the query-key pairs that draft nodes add to the attention, which runs padded: ``B·(n_max -
+  1)·rows`` for ``B`` requests, ``n_max`` nodes (root included) in the largest tree and ``rows`` the most
+  cache rows any request reads (at batch 4 on a CPU a tree of 16 nodes on one request costs as much
+  attention as 16 on each of them, a third of a plain step at a 600-token context),
   ``N_batched`` the number of tokens scored in the forward (one root per request + the draft nodes), ``t``
   the fixed extra cost of a tree step over a plain decoding step (masks, tree attention path) and ``g``
   a non-decreasing piecewise-linear function of the scored tokens with knots at 1, 2, 4, 8, ... (one
@@ -22,9 +26,11 @@ coefficients (a saved profile or a calibration run) so that a handful of online 
 wild model. The built-in default prior is *relative*: only its shape counts (a token costs 4% of a
 one-token forward, the context and the bookkeeping a little), scaled at every refit by the median ratio
 of the measured to the prior-predicted steps, so that it does not pull the fit towards another machine's
-numbers. Directions the window does not excite (token counts never scored) keep the (scaled) prior; the
-budget policy explores sizes around its choice so that the ones that matter are measured. All times are
-seconds.
+numbers. Token counts beyond the largest scored in the window cost what the last measured segment's slope
+says (the prior's slope would keep a policy from ever trying sizes that a CPU with bfloat16 matrix units or
+a GPU verifies at almost no extra cost); other directions the window does not excite keep the (scaled)
+prior. The budget policy explores sizes around its choice so that the ones that matter are measured. All times
+are seconds.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ import numpy as np
 
 from sssd.policy.robust_fit import OnlineLinearFit, huber_irls  # noqa: F401  (huber_irls: re-exported)
 
-PROFILE_VERSION = 2  # 2: one slope per token segment (1 had a single n_batched slope; still loads)
+PROFILE_VERSION = 3  # 3: tree attention pairs; 2: one slope per token segment; 1: one slope (all load)
 
 # Knots of the piecewise-linear token cost: segment i covers [KNOTS[i], KNOTS[i+1]] scored tokens, the last
 # one everything above KNOTS[-1] (prefills of long prompts).
@@ -50,7 +56,9 @@ _LO = np.array(KNOTS, dtype=np.float64)
 _WIDTH = np.array([*np.diff(KNOTS), np.inf], dtype=np.float64)
 
 # Feature names of each part, in coefficient order (the last feature is the constant 1).
-FORWARD_FEATURES = ("n_context", *SEGMENTS, "tree", "const")
+FORWARD_FEATURES = ("n_context", *SEGMENTS, "tree_attention", "tree", "const")
+_SEG = slice(1, 1 + len(SEGMENTS))  # the token segments' columns
+_ATT = 1 + len(SEGMENTS)  # the tree attention pairs' column
 DRAFT_FEATURES = ("batch_size", "budget", "const")
 OTHER_FEATURES = ("batch_size", "n_batched", "const")
 
@@ -65,10 +73,32 @@ def token_segments(n_batched) -> np.ndarray:
     return seg
 
 
-def forward_features(n_context: float, n_batched: float, batch_size: float) -> list[float]:
-    """Feature vector of the forward part (order of ``FORWARD_FEATURES``)."""
+def tree_pairs_estimate(batch_size, n_context, k) -> np.ndarray:
+    """``P_tree`` of ``k`` draft nodes (scalar or [K]) spread evenly over ``batch_size`` requests holding
+    ``n_context`` committed tokens in all: what a caller that does not know the trees' shapes assumes."""
+    per = np.asarray(k, dtype=np.float64) / max(batch_size, 1)
+    return batch_size * per * (n_context / max(batch_size, 1) + 1.0 + per)
+
+
+def tree_pairs_of(sizes, committed) -> float:
+    """``P_tree`` of one forward: ``sizes`` [B] nodes per request (root included), ``committed`` [B] cache
+    rows per request before the step."""
+    sizes = np.asarray(sizes, dtype=np.int64)
+    if len(sizes) == 0:
+        return 0.0
+    rows = int((np.asarray(committed, dtype=np.int64) + sizes).max())
+    return float(len(sizes) * (int(sizes.max()) - 1) * rows)
+
+
+def forward_features(
+    n_context: float, n_batched: float, batch_size: float, tree_pairs: float | None = None
+) -> list[float]:
+    """Feature vector of the forward part (order of ``FORWARD_FEATURES``); ``tree_pairs`` None: the
+    even-spread estimate."""
     tree = 1.0 if n_batched > batch_size else 0.0
-    return [float(n_context), *token_segments(n_batched).tolist(), tree, 1.0]
+    if tree_pairs is None:
+        tree_pairs = float(tree_pairs_estimate(batch_size, n_context, n_batched - batch_size))
+    return [float(n_context), *token_segments(n_batched).tolist(), float(tree_pairs), tree, 1.0]
 
 
 @dataclass(frozen=True)
@@ -82,6 +112,7 @@ class StepSample:
     forward_s: float
     draft_s: float = 0.0
     other_s: float = 0.0
+    tree_pairs: float | None = None  # query-key pairs the trees add (None: estimated as evenly spread)
 
 
 @dataclass(frozen=True)
@@ -98,15 +129,18 @@ class StepCost:
 
 
 def _forward_prior(forward) -> np.ndarray:
-    """Forward coefficients (order of ``FORWARD_FEATURES``) from ``(a, b, c)`` or ``(a, b, t, c)`` where
-    ``b`` is one slope for every token segment or a sequence of one slope per segment. A single slope is
-    the design's ``b·N_batched``: the first token's share goes into the constant, so predictions agree."""
+    """Forward coefficients (order of ``FORWARD_FEATURES``) from ``(a, b, c)``, ``(a, b, t, c)`` or ``(a, b,
+    t, c, p)`` where ``b`` is one slope for every token segment or a sequence of one slope per segment and
+    ``p`` the cost of a tree attention pair (0 when left out). A single slope is the design's
+    ``b·N_batched``: the first token's share goes into the constant, so predictions agree."""
     forward = tuple(forward)
     if len(forward) == 3:  # (a, b, c): no tree-step term
         forward = (forward[0], forward[1], 0.0, forward[2])
-    if len(forward) != 4:
-        raise ValueError("forward coefficients must be (a, b, c) or (a, b, t, c)")
-    a, b, t, c = forward
+    if len(forward) == 4:
+        forward = (*forward, 0.0)
+    if len(forward) != 5:
+        raise ValueError("forward coefficients must be (a, b, c), (a, b, t, c) or (a, b, t, c, p)")
+    a, b, t, c, p = forward
     if np.ndim(b) == 0:
         slopes, c = np.full(len(SEGMENTS), float(b)), float(c) + float(b)
     else:
@@ -115,13 +149,14 @@ def _forward_prior(forward) -> np.ndarray:
             raise ValueError(
                 f"forward: expected {len(SEGMENTS)} token slopes (knots {KNOTS}), got {slopes.shape}"
             )
-    return np.array([float(a), *slopes, float(t), float(c)])
+    return np.array([float(a), *slopes, float(p), float(t), float(c)])
 
 
 # The built-in priors, relative (scaled to the measured steps): a token costs 4% of a one-token forward
 # (a compute-bound CPU in float32 is about there; bfloat16 matrix units and GPUs are far cheaper, which
-# the policy's exploration finds out within a few dozen steps).
-DEFAULT_FORWARD = (2e-8, 2e-4, 0.0, 5e-3)
+# the policy's exploration finds out within a few dozen steps), a tree attention pair 1e-5 of it (a CPU's
+# SDPA in float32 and bfloat16).
+DEFAULT_FORWARD = (2e-8, 2e-4, 0.0, 5e-3, 5e-8)
 DEFAULT_DRAFT = (5e-5, 1e-6, 5e-5)
 DEFAULT_OTHER = (5e-5, 1e-6, 2e-4)
 
@@ -130,7 +165,8 @@ class CostModel:
     """Predicts step time from batch shape; fitted online from :class:`StepSample` samples.
 
     ``forward``/``draft``/``other``: seed coefficients (see :func:`_forward_prior` for the forward's
-    forms); left out, the built-in relative prior of that part is used."""
+    forms); left out, the built-in relative prior of that part is used. ``extend_slope``: token segments
+    beyond the largest forward in the window take the slope of the last one measured (False: the prior's)."""
 
     def __init__(
         self,
@@ -141,13 +177,14 @@ class CostModel:
         window: int = 512,
         forget: float = 0.99,
         prior_weight: float = 4.0,
+        extend_slope: bool = True,
         meta: dict | None = None,
     ) -> None:
         kw = dict(window=window, forget=forget, prior_weight=prior_weight)
-        typical = np.array([1.0, *np.minimum(_WIDTH, KNOTS[-1]), 1.0, 1.0])
+        typical = np.array([1.0, *np.minimum(_WIDTH, KNOTS[-1]), 1e4, 1.0, 1.0])
         self.forward = OnlineLinearFit(
             FORWARD_FEATURES, _forward_prior(forward or DEFAULT_FORWARD), relative_prior=forward is None,
-            typical=typical, **kw,
+            typical=typical, chain=tuple(range(_SEG.start, _SEG.stop)) if extend_slope else (), **kw,
         )  # fmt: skip
         self.draft = OnlineLinearFit(
             DRAFT_FEATURES, np.array(draft or DEFAULT_DRAFT), relative_prior=draft is None, **kw
@@ -166,19 +203,23 @@ class CostModel:
         *,
         drafted: bool | None = None,
         draft_budget: int | None = None,
+        tree_pairs=None,
     ) -> StepCost:
         """Predicted cost of a step with ``batch_size`` requests, ``n_context`` committed tokens and each
         global budget in ``budgets`` (int or array [K]) draft nodes. Drafting time is counted for budgets
         > 0 unless ``drafted`` says whether a propose call is (True) or is not (False) part of the step;
         ``draft_budget``: the budget the drafter was asked for (one propose at the largest candidate, then
-        truncated), default each candidate's own budget."""
+        truncated), default each candidate's own budget. ``tree_pairs`` (like ``budgets``): each
+        candidate's tree attention pairs (:func:`tree_pairs_of`), default the even-spread estimate."""
         # Written out (no full feature matrices): the policy calls this every step for every candidate.
         k = np.asarray(budgets, dtype=np.float64)
         n_batched = batch_size + k
         f = self.forward.coef
         oa, ob, oc = self.other.coef
         da, db, dc = self.draft.coef
-        fwd = f[0] * n_context + token_segments(n_batched) @ f[1:-2] + f[-2] * (k > 0) + f[-1]
+        pairs = tree_pairs_estimate(batch_size, n_context, k) if tree_pairs is None else tree_pairs
+        fwd = f[0] * n_context + token_segments(n_batched) @ f[_SEG] + f[_ATT] * np.asarray(pairs)
+        fwd = fwd + f[-2] * (k > 0) + f[-1]
         oth = oa * batch_size + ob * n_batched + oc
         kd = k if draft_budget is None else float(draft_budget)
         drf = da * batch_size + db * kd + dc + 0.0 * k
@@ -192,7 +233,7 @@ class CostModel:
         """The most tokens any forward in the model's window scored (0 before the first step)."""
         if not self.forward.num_samples:
             return 0
-        seg = np.stack(self.forward._xs)[:, 1:-2]
+        seg = np.stack(self.forward._xs)[:, _SEG]
         return round(1 + float(seg.sum(axis=1).max()))
 
     def prefill_time(self, prompt_tokens: int) -> float:
@@ -201,10 +242,10 @@ class CostModel:
         the largest forward measured, the mean slope over the measured sizes is kept (the token segments
         there hold only the prior, which prices sizes the budget policy should try, not prefills)."""
         n = float(prompt_tokens)
-        fwd = float(self.forward.predict(np.array(forward_features(0, n, n))))
+        fwd = float(self.forward.predict(np.array(forward_features(0, n, n, 0.0))))
         m = self.measured_tokens()
         if n > m >= 2:
-            at = lambda x: float(self.forward.predict(np.array(forward_features(0, x, x))))  # noqa: E731
+            at = lambda x: float(self.forward.predict(np.array(forward_features(0, x, x, 0.0))))  # noqa: E731
             fwd = max(fwd, at(m) + (n - m) * (at(m) - at(1)) / (m - 1))
         oth = self.other.predict(np.array([1.0, 1.0, 1.0]))
         return float(max(fwd, 0.0) + max(oth, 0.0))
@@ -217,7 +258,8 @@ class CostModel:
         """Adds one measured step; each part refits every few samples."""
         if t.batch_size < 1 or t.n_batched < t.batch_size or t.n_context < 0 or t.budget < 0:
             raise ValueError(f"inconsistent step timing: {t}")
-        self.forward.add(forward_features(t.n_context, t.n_batched, t.batch_size), t.forward_s)
+        x = forward_features(t.n_context, t.n_batched, t.batch_size, t.tree_pairs)
+        self.forward.add(x, t.forward_s)
         if t.budget > 0 and t.draft_s > 0:
             self.draft.add([t.batch_size, t.budget, 1.0], t.draft_s)
         self.other.add([t.batch_size, t.n_batched, 1.0], t.other_s)
@@ -240,7 +282,8 @@ class CostModel:
             "forward": {
                 "n_context": float(f[0]),
                 "knots": list(KNOTS),
-                "n_batched": [float(v) for v in f[1:-2]],  # slope per segment after each knot, s/token
+                "n_batched": [float(v) for v in f[_SEG]],  # slope per segment after each knot, s/token
+                "tree_attention": float(f[_ATT]),  # s per query-key pair the trees add
                 "tree": float(f[-2]),
                 "const": float(f[-1]),
             },
@@ -251,15 +294,18 @@ class CostModel:
     @classmethod
     def from_dict(cls, d: dict, **kw) -> CostModel:
         """A model seeded by a profile (``to_dict``; version 1 profiles, with one token slope, load too)."""
-        if not isinstance(d, dict) or d.get("version") not in (1, PROFILE_VERSION):
-            raise ValueError(f"not a cost profile of version 1 or {PROFILE_VERSION}")
+        if not isinstance(d, dict) or d.get("version") not in range(1, PROFILE_VERSION + 1):
+            raise ValueError(f"not a cost profile of version 1 to {PROFILE_VERSION}")
         try:
             fw = d["forward"]
             slopes = fw["n_batched"]
             if d["version"] >= 2 and list(fw.get("knots", [])) != list(KNOTS):
                 raise ValueError(f"cost profile has token knots {fw.get('knots')}, this sssd uses {KNOTS}")
             slopes = float(slopes) if d["version"] == 1 else [float(v) for v in slopes]
-            forward = (float(fw["n_context"]), slopes, float(fw.get("tree", 0.0)), float(fw["const"]))
+            forward = (
+                float(fw["n_context"]), slopes, float(fw.get("tree", 0.0)), float(fw["const"]),
+                float(fw.get("tree_attention", 0.0)),
+            )  # fmt: skip
             draft, other = (
                 tuple(float(d[part][f]) for f in feats)
                 for part, feats in (("draft", DRAFT_FEATURES), ("other", OTHER_FEATURES))

@@ -57,12 +57,15 @@ def choose_budget(
     correction: float = 1.0,
     min_gain: float = 0.0,
     draft_budget: int | None = None,
+    tree_pairs: np.ndarray | None = None,
 ) -> BudgetChoice:
     """Highest expected goodput = (batch_size + correction·gain[k]) / predicted_time(k) over k = 0..K.
 
     ``gain`` [M+1] from the batch (gain[0] = 0). ``drafted``: the propose call is part of this step
     (its time is then in every candidate, including k = 0, as it has been spent) and ``draft_budget`` the
-    budget it was called with (default: each candidate's own). Ties and candidates
+    budget it was called with (default: each candidate's own); ``tree_pairs`` [M+1]: each candidate's tree
+    attention pairs (:func:`candidate_tree_pairs`; default the cost model's even-spread estimate). Ties and
+    candidates
     within ``min_gain`` (relative) of budget 0 go to the smaller budget, so noise never buys speculation.
     """
     gain = np.asarray(gain, dtype=np.float64)
@@ -72,7 +75,10 @@ def choose_budget(
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     k_max = len(gain) - 1 if max_budget is None else min(len(gain) - 1, max(0, int(max_budget)))
     ks = np.arange(k_max + 1)
-    step = cost.predict(batch_size, n_context, ks, drafted=drafted, draft_budget=draft_budget).total
+    pairs = None if tree_pairs is None else np.asarray(tree_pairs, dtype=np.float64)[: k_max + 1]
+    step = cost.predict(
+        batch_size, n_context, ks, drafted=drafted, draft_budget=draft_budget, tree_pairs=pairs
+    ).total
     step = np.maximum(step, 1e-9)
     tokens = batch_size + correction * gain[: k_max + 1]
     goodput = tokens / step
@@ -123,6 +129,27 @@ def request_gain_table(batch, f: np.ndarray | None = None) -> np.ndarray:
     nodes = np.flatnonzero(rank >= 0)
     np.add.at(table, (rank[nodes] + 1, tree[nodes]), f[nodes])
     return np.cumsum(table, axis=0)
+
+
+def candidate_tree_pairs(batch, context_lens) -> np.ndarray:
+    """The tree attention pairs (``sssd.policy.cost_model.tree_pairs_of``) of every global budget: [K+1]
+    float64, row k for the batch's ``truncate(k)``, with ``context_lens`` [B] the requests' committed
+    tokens. The attention runs padded to the largest tree, so where the nodes go matters, not only how many
+    there are."""
+    rank = np.asarray(batch.rank)
+    offsets = np.asarray(batch.offsets)
+    b = len(offsets) - 1
+    ctx = np.asarray(context_lens, dtype=np.int64)
+    if ctx.shape != (b,):
+        raise ValueError(f"context_lens must have one entry per request ({b}), got {ctx.shape}")
+    tree = np.repeat(np.arange(b), np.diff(offsets))
+    counts = np.zeros((len(batch.gain), b), dtype=np.int64)
+    nodes = np.flatnonzero((rank >= 0) & (rank < len(batch.gain) - 1))
+    np.add.at(counts, (rank[nodes] + 1, tree[nodes]), 1)
+    counts = np.cumsum(counts, axis=0)  # [K+1, B] draft nodes of each request in each prefix
+    n_max = 1 + counts.max(axis=1)
+    rows = (ctx[None, :] + 1 + counts).max(axis=1)
+    return (b * (n_max - 1) * rows).astype(np.float64)
 
 
 def rerank(batch, order_key: np.ndarray):

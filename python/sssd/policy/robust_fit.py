@@ -76,7 +76,11 @@ class OnlineLinearFit:
     median ratio of measured to prior-predicted time before use (the built-in default: its absolute
     numbers fit no particular machine). ``typical`` [p]: the magnitude of each feature at which the prior
     is anchored when the window does not reach it (default 1). Columns that no sample in the window
-    excites take the (scaled) prior coefficient directly. Refits every ``refit_every`` samples, and more
+    excites take the (scaled) prior coefficient directly, except along ``chain`` (column indices of
+    consecutive slopes of one piecewise-linear feature, e.g. the cost of tokens in 1-2, 2-4, 4-8, ...):
+    there a slope beyond the last one measured (a sample covers at least half of its ``typical``)
+    continues it, so the measurements, not the prior, say what the next sizes cost until they are
+    measured too. Refits every ``refit_every`` samples, and more
     often while there are few (after samples 1, 2, 3, 5, 7, ...), so that the first steps of a run do not
     wait on the prior.
     """
@@ -89,6 +93,7 @@ class OnlineLinearFit:
     refit_every: int = 8
     relative_prior: bool = False
     typical: np.ndarray | None = None
+    chain: tuple[int, ...] = ()
     coef: np.ndarray = field(init=False)
     _xs: deque = field(init=False, repr=False)
     _ys: deque = field(init=False, repr=False)
@@ -158,6 +163,15 @@ class OnlineLinearFit:
             w = np.concatenate([w, np.full(len(px), self.prior_weight / len(px))])
         coef = prior.copy()  # columns that no sample excites keep the prior
         coef[cols] = huber_irls(xs, y, w)
+        # along the chain, a slope is measured when some sample covers half its segment (``typical``):
+        # one measured only at its start is the prior's (the anchor's leverage), so it continues too
+        covered = np.max(np.abs(x), axis=0) >= 0.5 * self.typical
+        last = None
+        for j in self.chain:
+            if covered[j]:
+                last = j
+            elif last is not None:
+                coef[j] = coef[last]
         self.coef = coef
         return self.coef
 
