@@ -6,8 +6,9 @@ interleaved prompt by prompt (batch by batch), on the bundled demo prompts and d
 
 A variant is ``fixed:K``, or ``adaptive`` with ``BudgetConfig`` fields after a colon (``adaptive:
 explore_every=4,min_gain=0``), ``prior_slope=S``: the built-in relative cost prior's per-token slope
-(default 2e-4, i.e. 4% of a one-token forward) and ``extend_slope=0|1``: the ``CostModel`` option. Every adaptive variant may choose up to ``--cap`` nodes.
-Prints, per round, each variant's tokens/s, its ratio to the first variant and its tokens per forward.
+(default 2e-4, i.e. 4% of a one-token forward) and ``extend_slope=0|1``: the ``CostModel`` option.
+Every adaptive variant may choose up to ``--cap`` nodes. Prints, per round, each variant's tokens/s, its
+ratio to the first variant and its tokens per forward.
 """
 
 from __future__ import annotations
