@@ -7,9 +7,10 @@ import dataclasses
 import numpy as np
 import pytest
 from sssd.policy.adaptive import BudgetConfig, BudgetPolicy, StepTiming, StepView
-from sssd.policy.cost_model import CostModel
+from sssd.policy.cost_model import FORWARD_FEATURES, CostModel, tree_pairs_of
 from sssd.policy.goodput import (
     accumulated_probs,
+    candidate_tree_pairs,
     cap_per_request,
     choose_budget,
     request_gain_table,
@@ -205,3 +206,38 @@ def test_tree_step_overhead_makes_small_budgets_unattractive():
     assert choose_budget(b.gain, 1, 0, cheap).budget > 0
     # a tree step costs 120 ms more than a plain one: at most 2 tokens in 0.23 s < 1 token in 0.1 s
     assert choose_budget(b.gain, 1, 0, jump).budget == 0
+
+
+def test_candidate_tree_pairs_are_those_of_each_truncated_batch():
+    """The pairs the policy prices each candidate budget with are the padded attention's of the trees that
+    budget keeps (``tree_pairs_of`` on ``truncate(k)``), for trees of every shape and unequal contexts."""
+    rng = np.random.default_rng(5)
+    for _ in range(30):
+        trees = []
+        for _ in range(int(rng.integers(1, 5))):
+            n = int(rng.integers(0, 10))
+            trees.append(([int(rng.integers(0, j + 1)) for j in range(n)], list(rng.uniform(0.05, 1.0, n))))
+        batch = make_batch(trees)
+        ctx = rng.integers(0, 500, len(trees))
+        pairs = candidate_tree_pairs(batch, ctx)
+        assert len(pairs) == len(batch.gain) and pairs[0] == 0.0
+        for k in range(len(batch.gain)):
+            cut = batch.truncate(k)
+            assert pairs[k] == tree_pairs_of(np.diff(np.asarray(cut.offsets)), ctx)
+    with pytest.raises(ValueError, match="one entry per request"):
+        candidate_tree_pairs(make_batch([chain(3, 0.5)]), [1, 2])
+
+
+def test_policy_samples_carry_the_verified_trees_pairs():
+    """What the cost model learns from: the step's own tree attention pairs, from the trees the policy kept
+    and the requests' contexts (a plain step: none)."""
+    batch = make_batch([chain(6, 0.9), chain(2, 0.5)])
+    policy = BudgetPolicy(BudgetConfig(mode="fixed", budget=6), flat_cost())
+    plan = policy.step(FakeDrafter(batch), _view([0, 1], [100, 300]))
+    sizes = np.diff(np.asarray(plan.batch.offsets))
+    policy.observe(StepTiming(2, 6, int(sizes.sum()), 400, (0, 0), 0.0, 0.05, 0.0, 0.05))
+    x = policy.cost.forward._xs[-1]
+    assert x[FORWARD_FEATURES.index("tree_attention")] == tree_pairs_of(sizes, [100, 300]) > 0
+    policy.plan(_view([0, 1], [101, 301]))  # a step without drafts
+    policy.observe(StepTiming(2, 0, 2, 402, (0, 0), 0.0, 0.04, 0.0, 0.04))
+    assert policy.cost.forward._xs[-1][FORWARD_FEATURES.index("tree_attention")] == 0.0

@@ -6,7 +6,9 @@ interleaved prompt by prompt (batch by batch), on the bundled demo prompts and d
 
 A variant is ``fixed:K``, or ``adaptive`` with ``BudgetConfig`` fields after a colon (``adaptive:
 explore_every=4,min_gain=0``), ``prior_slope=S``: the built-in relative cost prior's per-token slope
-(default 2e-4, i.e. 4% of a one-token forward) and ``extend_slope=0|1``: the ``CostModel`` option.
+(default 2e-4, i.e. 4% of a one-token forward), ``extend_slope=0|1``, ``extend_evidence=E``, ``forget=F``,
+``prior_weight=W``:
+the ``CostModel`` options.
 Every adaptive variant may choose up to ``--cap`` nodes. Prints, per round, each variant's tokens/s, its
 ratio to the first variant and its tokens per forward.
 """
@@ -42,8 +44,11 @@ def parse_variant(text: str) -> tuple[str, int | None, dict, dict]:
             cost[key] = float(value)
         elif key == "extend_slope":
             cost[key] = bool(float(value))
+        elif key in ("forget", "prior_weight", "extend_evidence"):
+            cost[key] = float(value)
         else:
-            fields[key] = type(getattr(BudgetConfig(), key))(float(value))
+            default = getattr(BudgetConfig(), key)
+            fields[key] = int(value) if default is None else type(default)(float(value))
     return kind, None, fields, cost
 
 
@@ -61,7 +66,7 @@ def make_engine(variant, model, tok, ds, batch: int, cap: int):
     if "prior_slope" in cost:  # the relative prior is read when the cost model is made
         cost_model.DEFAULT_FORWARD = (default[0], cost["prior_slope"], default[2], default[3])
     try:
-        model_kw = {"extend_slope": cost["extend_slope"]} if "extend_slope" in cost else {}
+        model_kw = {k: v for k, v in cost.items() if k != "prior_slope"}
         policy = BudgetPolicy(BudgetConfig(budget=cap, **fields), cost_model.CostModel(**model_kw))
     finally:
         cost_model.DEFAULT_FORWARD = default

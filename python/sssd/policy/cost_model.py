@@ -166,7 +166,9 @@ class CostModel:
 
     ``forward``/``draft``/``other``: seed coefficients (see :func:`_forward_prior` for the forward's
     forms); left out, the built-in relative prior of that part is used. ``extend_slope``: token segments
-    beyond the largest forward in the window take the slope of the last one measured (False: the prior's)."""
+    beyond the largest forward in the window take the slope of the last one measured (False: the prior's),
+    a segment counting as measured while samples worth ``extend_evidence`` (after forgetting) cover half
+    of it."""
 
     def __init__(
         self,
@@ -178,13 +180,15 @@ class CostModel:
         forget: float = 0.99,
         prior_weight: float = 4.0,
         extend_slope: bool = True,
+        extend_evidence: float = 2.0,
         meta: dict | None = None,
     ) -> None:
         kw = dict(window=window, forget=forget, prior_weight=prior_weight)
         typical = np.array([1.0, *np.minimum(_WIDTH, KNOTS[-1]), 1e4, 1.0, 1.0])
         self.forward = OnlineLinearFit(
             FORWARD_FEATURES, _forward_prior(forward or DEFAULT_FORWARD), relative_prior=forward is None,
-            typical=typical, chain=tuple(range(_SEG.start, _SEG.stop)) if extend_slope else (), **kw,
+            typical=typical, chain=tuple(range(_SEG.start, _SEG.stop)) if extend_slope else (),
+            chain_evidence=extend_evidence, **kw,
         )  # fmt: skip
         self.draft = OnlineLinearFit(
             DRAFT_FEATURES, np.array(draft or DEFAULT_DRAFT), relative_prior=draft is None, **kw

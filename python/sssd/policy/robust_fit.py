@@ -78,11 +78,11 @@ class OnlineLinearFit:
     is anchored when the window does not reach it (default 1). Columns that no sample in the window
     excites take the (scaled) prior coefficient directly, except along ``chain`` (column indices of
     consecutive slopes of one piecewise-linear feature, e.g. the cost of tokens in 1-2, 2-4, 4-8, ...):
-    there a slope beyond the last one measured (a sample covers at least half of its ``typical``)
-    continues it, so the measurements, not the prior, say what the next sizes cost until they are
-    measured too. Refits every ``refit_every`` samples, and more
-    often while there are few (after samples 1, 2, 3, 5, 7, ...), so that the first steps of a run do not
-    wait on the prior.
+    there a slope beyond the last one measured (samples worth ``chain_evidence`` after forgetting cover
+    at least half of its ``typical``) continues it, so the recent measurements, not the prior or old
+    samples, say what the next sizes cost until they are measured again. Refits every ``refit_every``
+    samples, and more often while there are few (after samples 1, 2, 3, 5, 7, ...), so that the first
+    steps of a run do not wait on the prior.
     """
 
     features: tuple[str, ...]
@@ -94,6 +94,7 @@ class OnlineLinearFit:
     relative_prior: bool = False
     typical: np.ndarray | None = None
     chain: tuple[int, ...] = ()
+    chain_evidence: float = 2.0
     coef: np.ndarray = field(init=False)
     _xs: deque = field(init=False, repr=False)
     _ys: deque = field(init=False, repr=False)
@@ -147,6 +148,7 @@ class OnlineLinearFit:
         x = np.stack(self._xs)
         y = np.asarray(self._ys)
         w = self.forget ** np.arange(n - 1, -1, -1, dtype=np.float64)
+        w_samples = w
         prior = self.prior * self.prior_scale(x, y)
         if self.prior_weight >= 1e6 * w.sum():  # the samples could move no coefficient by 1e-6: pinned
             self.coef = prior
@@ -163,9 +165,13 @@ class OnlineLinearFit:
             w = np.concatenate([w, np.full(len(px), self.prior_weight / len(px))])
         coef = prior.copy()  # columns that no sample excites keep the prior
         coef[cols] = huber_irls(xs, y, w)
-        # along the chain, a slope is measured when some sample covers half its segment (``typical``):
-        # one measured only at its start is the prior's (the anchor's leverage), so it continues too
-        covered = np.max(np.abs(x), axis=0) >= 0.5 * self.typical
+        # along the chain, a slope is measured while recent samples (``chain_evidence`` of them, counted
+        # with their forgetting weights) cover half its segment (``typical``): one measured only at its
+        # start is the prior's (the anchor's leverage), and one measured long ago (the first, slowest
+        # forwards of a process, or another load) would otherwise hold for as long as the policy keeps
+        # away from those sizes; both continue the last measured slope, so the policy tries them again
+        half = np.abs(x) >= 0.5 * self.typical
+        covered = w_samples @ half >= self.chain_evidence
         last = None
         for j in self.chain:
             if covered[j]:
