@@ -13,6 +13,7 @@ from sssd.policy.goodput import (
     candidate_tree_pairs,
     cap_per_request,
     choose_budget,
+    expected_head_levels,
     request_gain_table,
     slo_first,
 )
@@ -241,3 +242,31 @@ def test_policy_samples_carry_the_verified_trees_pairs():
     policy.plan(_view([0, 1], [101, 301]))  # a step without drafts
     policy.observe(StepTiming(2, 0, 2, 402, (0, 0), 0.0, 0.04, 0.0, 0.04))
     assert policy.cost.forward._xs[-1][FORWARD_FEATURES.index("tree_attention")] == 0.0
+
+
+def test_expected_head_levels_is_the_expected_longest_accepted_path():
+    """Two requests with chains of p = 0.5 and 0.8: at each budget the expected longest accepted path (the
+    output-head calls the verification walk makes beyond the first) equals a Monte Carlo estimate; a
+    request's siblings at one depth add up (one of them at most is on the path)."""
+    batch = make_batch([chain(4, 0.5), chain(4, 0.8)])
+    levels = expected_head_levels(batch)
+    rng = np.random.default_rng(0)
+    kept_depths = [np.zeros(2, dtype=int)]
+    rank, offsets = np.asarray(batch.rank), np.asarray(batch.offsets)
+    for k in range(1, len(batch.gain)):
+        cut = np.zeros(2, dtype=int)
+        for r in range(2):
+            mine = np.arange(offsets[r], offsets[r + 1])
+            cut[r] = int(np.sum((rank[mine] >= 0) & (rank[mine] < k)))
+        kept_depths.append(cut)
+    u = rng.random((20000, 2, 4))
+    for k, cut in enumerate(kept_depths):
+        acc = []  # accepted depth of each draw: the first edge that fails, at most the kept chain
+        for r, p in enumerate((0.5, 0.8)):
+            fails = np.concatenate([u[:, r, :] >= p, np.ones((len(u), 1), bool)], axis=1)
+            acc.append(np.minimum(np.argmax(fails, axis=1), cut[r]))
+        assert levels[k] == pytest.approx(np.maximum(*acc).mean(), abs=0.03)
+    assert levels[0] == 0.0 and np.all(np.diff(levels) >= 0)
+    star = make_batch([([0, 0, 0], [0.3, 0.3, 0.3])])  # three siblings: depth 1 reached with 0.9
+    assert expected_head_levels(star)[-1] == pytest.approx(0.9)
+    assert expected_head_levels(star, [2.0])[-1] == pytest.approx(1.0)  # a probability, at most 1

@@ -37,6 +37,7 @@ from sssd.policy.goodput import (
     candidate_tree_pairs,
     cap_per_request,
     choose_budget,
+    expected_head_levels,
     explore_budget,
     kept_per_request,
     request_gain_table,
@@ -289,12 +290,14 @@ class BudgetPolicy:
         targets, prio = self._targets(rids)
         slo = bool(np.isfinite(targets).any())
         corr = self.correction
+        scales = np.full(b, corr)
         if not slo and cfg.acceptance_correction and cfg.request_correction_prior > 0:
-            batch, corr = scale_by_request(batch, self._request_scales(rids)), 1.0
+            scales = self._request_scales(rids)
+            batch, corr = scale_by_request(batch, scales), 1.0
         pairs = candidate_tree_pairs(batch, ctx_lens)
         choice = choose_budget(
             batch.gain, b, n_context, self.cost, correction=corr, min_gain=cfg.min_gain,
-            draft_budget=cfg.budget, tree_pairs=pairs,
+            draft_budget=cfg.budget, tree_pairs=pairs, head_levels=expected_head_levels(batch, scales),
         )  # fmt: skip
         if slo:
             rerank = not getattr(self, "_slo_proposed", False)
@@ -377,6 +380,7 @@ class BudgetPolicy:
         c2 = choose_budget(
             ranked.gain, b, n_context, self.cost, correction=corr, draft_budget=cfg.budget,
             tree_pairs=candidate_tree_pairs(ranked, ctx_lens),
+            head_levels=expected_head_levels(ranked, np.full(b, corr)),
         )  # fmt: skip
         best_gp = float(choice.goodput.max())
         table = request_gain_table(ranked, accumulated_probs(ranked))  # [K+1, B]
@@ -399,6 +403,7 @@ class BudgetPolicy:
         plan = self._last
         drafted = plan is not None and plan.drafted
         b = int(timing.batch_size)
+        accepted_max = max((int(a) for a in timing.accepted), default=0)
         self.cost.observe(
             StepSample(
                 batch_size=b,
@@ -409,6 +414,7 @@ class BudgetPolicy:
                 draft_s=float(timing.draft_time),
                 other_s=max(0.0, float(timing.step_time) - timing.forward_time - timing.draft_time),
                 tree_pairs=self._last_pairs if drafted else 0.0,
+                head_levels=float(accepted_max),
             )
         )
         self.history.append((b, 0 if plan is None else plan.budget))

@@ -2,12 +2,16 @@
 
 A step has three timed parts, each modelled as a function that is linear in its coefficients:
 
-- forward (verification): ``T_fwd = a·N_context + g(N_batched) + p·P_tree + t·[any draft node] + c`` where
-  ``N_context`` is the total number of committed tokens of the batch (the attention reads them),
+- forward (verification): ``T_fwd = a·N_context + g(N_batched) + p·P_tree + v·L + t·[any draft node] + c``
+  where ``N_context`` is the total number of committed tokens of the batch (the attention reads them),
   ``P_tree`` the query-key pairs that draft nodes add to the attention, which runs padded: ``B·(n_max -
   1)·rows`` for ``B`` requests, ``n_max`` nodes (root included) in the largest tree and ``rows`` the most
   cache rows any request reads (at batch 4 on a CPU a tree of 16 nodes on one request costs as much
-  attention as 16 on each of them, a third of a plain step at a 600-token context),
+  attention as 16 on each of them, a third of a plain step at a 600-token context), ``L`` the output-head
+  calls beyond the first (the verification asks the head for one depth at a time, so a step costs one call
+  per level of its longest accepted path: 5-7 ms each for SmolLM2 in bfloat16 on this CPU, a tenth of a
+  plain step; fitted on the tokens instead, long accepted paths, which come with large trees, make large
+  trees look dear),
   ``N_batched`` the number of tokens scored in the forward (one root per request + the draft nodes), ``t``
   the fixed extra cost of a tree step over a plain decoding step (masks, tree attention path) and ``g``
   a non-decreasing piecewise-linear function of the scored tokens with knots at 1, 2, 4, 8, ... (one
@@ -56,9 +60,10 @@ _LO = np.array(KNOTS, dtype=np.float64)
 _WIDTH = np.array([*np.diff(KNOTS), np.inf], dtype=np.float64)
 
 # Feature names of each part, in coefficient order (the last feature is the constant 1).
-FORWARD_FEATURES = ("n_context", *SEGMENTS, "tree_attention", "tree", "const")
+FORWARD_FEATURES = ("n_context", *SEGMENTS, "tree_attention", "head_levels", "tree", "const")
 _SEG = slice(1, 1 + len(SEGMENTS))  # the token segments' columns
 _ATT = 1 + len(SEGMENTS)  # the tree attention pairs' column
+_LEV = 2 + len(SEGMENTS)  # the extra output-head levels' column
 DRAFT_FEATURES = ("batch_size", "budget", "const")
 OTHER_FEATURES = ("batch_size", "n_batched", "const")
 
@@ -91,14 +96,19 @@ def tree_pairs_of(sizes, committed) -> float:
 
 
 def forward_features(
-    n_context: float, n_batched: float, batch_size: float, tree_pairs: float | None = None
+    n_context: float,
+    n_batched: float,
+    batch_size: float,
+    tree_pairs: float | None = None,
+    head_levels: float = 0.0,
 ) -> list[float]:
     """Feature vector of the forward part (order of ``FORWARD_FEATURES``); ``tree_pairs`` None: the
-    even-spread estimate."""
+    even-spread estimate; ``head_levels``: output-head calls beyond the first (the longest accepted path)."""
     tree = 1.0 if n_batched > batch_size else 0.0
     if tree_pairs is None:
         tree_pairs = float(tree_pairs_estimate(batch_size, n_context, n_batched - batch_size))
-    return [float(n_context), *token_segments(n_batched).tolist(), float(tree_pairs), tree, 1.0]
+    segs = token_segments(n_batched).tolist()
+    return [float(n_context), *segs, float(tree_pairs), float(head_levels), tree, 1.0]
 
 
 @dataclass(frozen=True)
@@ -113,6 +123,7 @@ class StepSample:
     draft_s: float = 0.0
     other_s: float = 0.0
     tree_pairs: float | None = None  # query-key pairs the trees add (None: estimated as evenly spread)
+    head_levels: float = 0.0  # output-head calls beyond the first: the longest accepted draft path
 
 
 @dataclass(frozen=True)
@@ -129,18 +140,19 @@ class StepCost:
 
 
 def _forward_prior(forward) -> np.ndarray:
-    """Forward coefficients (order of ``FORWARD_FEATURES``) from ``(a, b, c)``, ``(a, b, t, c)`` or ``(a, b,
-    t, c, p)`` where ``b`` is one slope for every token segment or a sequence of one slope per segment and
-    ``p`` the cost of a tree attention pair (0 when left out). A single slope is the design's
-    ``b·N_batched``: the first token's share goes into the constant, so predictions agree."""
+    """Forward coefficients (order of ``FORWARD_FEATURES``) from ``(a, b, c)``, ``(a, b, t, c)``, ``(a, b,
+    t, c, p)`` or ``(a, b, t, c, p, h)`` where ``b`` is one slope for every token segment or a sequence of
+    one slope per segment, ``p`` the cost of a tree attention pair and ``h`` of an output-head level (0
+    when left out). A single slope is the design's ``b·N_batched``: the first token's share goes into the
+    constant, so predictions agree."""
     forward = tuple(forward)
     if len(forward) == 3:  # (a, b, c): no tree-step term
         forward = (forward[0], forward[1], 0.0, forward[2])
-    if len(forward) == 4:
-        forward = (*forward, 0.0)
-    if len(forward) != 5:
-        raise ValueError("forward coefficients must be (a, b, c), (a, b, t, c) or (a, b, t, c, p)")
-    a, b, t, c, p = forward
+    if len(forward) in (4, 5):
+        forward = (*forward, *(0.0,) * (6 - len(forward)))
+    if len(forward) != 6:
+        raise ValueError("forward coefficients must be (a, b, c), (a, b, t, c), (a, b, t, c, p) or (.., h)")
+    a, b, t, c, p, h = forward
     if np.ndim(b) == 0:
         slopes, c = np.full(len(SEGMENTS), float(b)), float(c) + float(b)
     else:
@@ -149,14 +161,15 @@ def _forward_prior(forward) -> np.ndarray:
             raise ValueError(
                 f"forward: expected {len(SEGMENTS)} token slopes (knots {KNOTS}), got {slopes.shape}"
             )
-    return np.array([float(a), *slopes, float(p), float(t), float(c)])
+    return np.array([float(a), *slopes, float(p), float(h), float(t), float(c)])
 
 
 # The built-in priors, relative (scaled to the measured steps): a token costs 4% of a one-token forward
 # (a compute-bound CPU in float32 is about there; bfloat16 matrix units and GPUs are far cheaper, which
 # the policy's exploration finds out within a few dozen steps), a tree attention pair 1e-5 of it (a CPU's
-# SDPA in float32 and bfloat16).
-DEFAULT_FORWARD = (2e-8, 2e-4, 0.0, 5e-3, 5e-8)
+# SDPA in float32 and bfloat16), an output-head level (the verification's walk asks the head for the logits
+# of one more depth) 10% of it.
+DEFAULT_FORWARD = (2e-8, 2e-4, 0.0, 5e-3, 5e-8, 5e-4)
 DEFAULT_DRAFT = (5e-5, 1e-6, 5e-5)
 DEFAULT_OTHER = (5e-5, 1e-6, 2e-4)
 
@@ -184,7 +197,7 @@ class CostModel:
         meta: dict | None = None,
     ) -> None:
         kw = dict(window=window, forget=forget, prior_weight=prior_weight)
-        typical = np.array([1.0, *np.minimum(_WIDTH, KNOTS[-1]), 1e4, 1.0, 1.0])
+        typical = np.array([1.0, *np.minimum(_WIDTH, KNOTS[-1]), 1e4, 2.0, 1.0, 1.0])
         self.forward = OnlineLinearFit(
             FORWARD_FEATURES, _forward_prior(forward or DEFAULT_FORWARD), relative_prior=forward is None,
             typical=typical, chain=tuple(range(_SEG.start, _SEG.stop)) if extend_slope else (),
@@ -208,13 +221,15 @@ class CostModel:
         drafted: bool | None = None,
         draft_budget: int | None = None,
         tree_pairs=None,
+        head_levels=None,
     ) -> StepCost:
         """Predicted cost of a step with ``batch_size`` requests, ``n_context`` committed tokens and each
         global budget in ``budgets`` (int or array [K]) draft nodes. Drafting time is counted for budgets
         > 0 unless ``drafted`` says whether a propose call is (True) or is not (False) part of the step;
         ``draft_budget``: the budget the drafter was asked for (one propose at the largest candidate, then
         truncated), default each candidate's own budget. ``tree_pairs`` (like ``budgets``): each
-        candidate's tree attention pairs (:func:`tree_pairs_of`), default the even-spread estimate."""
+        candidate's tree attention pairs (:func:`tree_pairs_of`), default the even-spread estimate;
+        ``head_levels`` (like ``budgets``): the expected output-head calls beyond the first (default 0)."""
         # Written out (no full feature matrices): the policy calls this every step for every candidate.
         k = np.asarray(budgets, dtype=np.float64)
         n_batched = batch_size + k
@@ -223,6 +238,8 @@ class CostModel:
         da, db, dc = self.draft.coef
         pairs = tree_pairs_estimate(batch_size, n_context, k) if tree_pairs is None else tree_pairs
         fwd = f[0] * n_context + token_segments(n_batched) @ f[_SEG] + f[_ATT] * np.asarray(pairs)
+        if head_levels is not None:
+            fwd = fwd + f[_LEV] * np.asarray(head_levels, dtype=np.float64)
         fwd = fwd + f[-2] * (k > 0) + f[-1]
         oth = oa * batch_size + ob * n_batched + oc
         kd = k if draft_budget is None else float(draft_budget)
@@ -262,7 +279,7 @@ class CostModel:
         """Adds one measured step; each part refits every few samples."""
         if t.batch_size < 1 or t.n_batched < t.batch_size or t.n_context < 0 or t.budget < 0:
             raise ValueError(f"inconsistent step timing: {t}")
-        x = forward_features(t.n_context, t.n_batched, t.batch_size, t.tree_pairs)
+        x = forward_features(t.n_context, t.n_batched, t.batch_size, t.tree_pairs, t.head_levels)
         self.forward.add(x, t.forward_s)
         if t.budget > 0 and t.draft_s > 0:
             self.draft.add([t.batch_size, t.budget, 1.0], t.draft_s)
@@ -288,6 +305,7 @@ class CostModel:
                 "knots": list(KNOTS),
                 "n_batched": [float(v) for v in f[_SEG]],  # slope per segment after each knot, s/token
                 "tree_attention": float(f[_ATT]),  # s per query-key pair the trees add
+                "head_levels": float(f[_LEV]),  # s per output-head call beyond the first
                 "tree": float(f[-2]),
                 "const": float(f[-1]),
             },
@@ -308,7 +326,7 @@ class CostModel:
             slopes = float(slopes) if d["version"] == 1 else [float(v) for v in slopes]
             forward = (
                 float(fw["n_context"]), slopes, float(fw.get("tree", 0.0)), float(fw["const"]),
-                float(fw.get("tree_attention", 0.0)),
+                float(fw.get("tree_attention", 0.0)), float(fw.get("head_levels", 0.0)),
             )  # fmt: skip
             draft, other = (
                 tuple(float(d[part][f]) for f in feats)

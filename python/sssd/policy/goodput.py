@@ -58,14 +58,16 @@ def choose_budget(
     min_gain: float = 0.0,
     draft_budget: int | None = None,
     tree_pairs: np.ndarray | None = None,
+    head_levels: np.ndarray | None = None,
 ) -> BudgetChoice:
     """Highest expected goodput = (batch_size + correction·gain[k]) / predicted_time(k) over k = 0..K.
 
     ``gain`` [M+1] from the batch (gain[0] = 0). ``drafted``: the propose call is part of this step
     (its time is then in every candidate, including k = 0, as it has been spent) and ``draft_budget`` the
     budget it was called with (default: each candidate's own); ``tree_pairs`` [M+1]: each candidate's tree
-    attention pairs (:func:`candidate_tree_pairs`; default the cost model's even-spread estimate). Ties and
-    candidates
+    attention pairs (:func:`candidate_tree_pairs`; default the cost model's even-spread estimate) and
+    ``head_levels`` [M+1] the expected output-head calls beyond the first (:func:`expected_head_levels`;
+    default none). Ties and candidates
     within ``min_gain`` (relative) of budget 0 go to the smaller budget, so noise never buys speculation.
     """
     gain = np.asarray(gain, dtype=np.float64)
@@ -76,9 +78,11 @@ def choose_budget(
     k_max = len(gain) - 1 if max_budget is None else min(len(gain) - 1, max(0, int(max_budget)))
     ks = np.arange(k_max + 1)
     pairs = None if tree_pairs is None else np.asarray(tree_pairs, dtype=np.float64)[: k_max + 1]
+    levels = None if head_levels is None else np.asarray(head_levels, dtype=np.float64)[: k_max + 1]
     step = cost.predict(
-        batch_size, n_context, ks, drafted=drafted, draft_budget=draft_budget, tree_pairs=pairs
-    ).total
+        batch_size, n_context, ks, drafted=drafted, draft_budget=draft_budget, tree_pairs=pairs,
+        head_levels=levels,
+    ).total  # fmt: skip
     step = np.maximum(step, 1e-9)
     tokens = batch_size + correction * gain[: k_max + 1]
     goodput = tokens / step
@@ -150,6 +154,31 @@ def candidate_tree_pairs(batch, context_lens) -> np.ndarray:
     n_max = 1 + counts.max(axis=1)
     rows = (ctx[None, :] + 1 + counts).max(axis=1)
     return (b * (n_max - 1) * rows).astype(np.float64)
+
+
+def expected_head_levels(batch, scale=None) -> np.ndarray:
+    """The output-head calls beyond the first that verifying each global budget's trees is expected to take:
+    [K+1] float64, the expected longest accepted path over the requests. The walk asks the head for one
+    depth at a time, so the longest path sets the calls. A request's path reaches depth ``d`` with the
+    summed probability of its kept nodes at that depth (paths to different nodes exclude each other), each
+    node's ``f`` times its request's acceptance correction ``scale`` [B] (default 1); requests are taken
+    as independent: E[longest] = Σ_d (1 - Π_r (1 - P(request r reaches d)))."""
+    rank = np.asarray(batch.rank)
+    offsets = np.asarray(batch.offsets)
+    b = len(offsets) - 1
+    k_total = len(batch.gain) - 1
+    f = accumulated_probs(batch)
+    tree = np.repeat(np.arange(b), np.diff(offsets))
+    if scale is not None:
+        f = f * np.asarray(scale, dtype=np.float64)[tree]
+    depth = np.asarray(batch.depth)
+    nodes = np.flatnonzero((rank >= 0) & (rank < k_total))
+    if len(nodes) == 0:
+        return np.zeros(k_total + 1)
+    reach = np.zeros((k_total + 1, b, int(depth[nodes].max()) + 1))
+    np.add.at(reach, (rank[nodes] + 1, tree[nodes], depth[nodes]), f[nodes])
+    reach = np.clip(np.cumsum(reach, axis=0), 0.0, 1.0)[:, :, 1:]  # [K+1, B, D]: P(r reaches d)
+    return (1.0 - np.prod(1.0 - reach, axis=1)).sum(axis=1)
 
 
 def rerank(batch, order_key: np.ndarray):
