@@ -270,3 +270,27 @@ def test_expected_head_levels_is_the_expected_longest_accepted_path():
     star = make_batch([([0, 0, 0], [0.3, 0.3, 0.3])])  # three siblings: depth 1 reached with 0.9
     assert expected_head_levels(star)[-1] == pytest.approx(0.9)
     assert expected_head_levels(star, [2.0])[-1] == pytest.approx(1.0)  # a probability, at most 1
+
+
+def test_expected_head_levels_matches_the_product_formula_on_random_trees():
+    """The one-pass update equals Σ_d (1 - Π_r (1 - P_r(d))) computed afresh for every budget."""
+    rng = np.random.default_rng(11)
+    for _ in range(40):
+        trees = []
+        for _ in range(int(rng.integers(1, 5))):
+            n = int(rng.integers(0, 12))
+            trees.append(([int(rng.integers(0, j + 1)) for j in range(n)], list(rng.uniform(0.05, 1.0, n))))
+        batch = make_batch(trees)
+        scale = rng.uniform(0.5, 3.0, len(trees))
+        got = expected_head_levels(batch, scale)
+        f = accumulated_probs(batch)
+        rank, depth = np.asarray(batch.rank), np.asarray(batch.depth)
+        tree = np.repeat(np.arange(len(trees)), np.diff(np.asarray(batch.offsets)))
+        for k in range(len(batch.gain)):
+            kept = (rank >= 0) & (rank < k)
+            want = 0.0
+            for d in range(1, int(depth.max(initial=0)) + 1):
+                p = [min(1.0, float(np.sum((f * scale[tree])[kept & (tree == r) & (depth == d)])))
+                     for r in range(len(trees))]  # fmt: skip
+                want += 1.0 - float(np.prod([1.0 - x for x in p]))
+            assert got[k] == pytest.approx(want, abs=1e-9)

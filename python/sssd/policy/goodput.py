@@ -162,23 +162,41 @@ def expected_head_levels(batch, scale=None) -> np.ndarray:
     depth at a time, so the longest path sets the calls. A request's path reaches depth ``d`` with the
     summed probability of its kept nodes at that depth (paths to different nodes exclude each other), each
     node's ``f`` times its request's acceptance correction ``scale`` [B] (default 1); requests are taken
-    as independent: E[longest] = Σ_d (1 - Π_r (1 - P(request r reaches d)))."""
+    as independent: E[longest] = Σ_d (1 - Π_r (1 - P(request r reaches d))). One pass over the nodes in
+    rank order, each updating its depth's product (O(K), whatever the batch and the trees' depth)."""
     rank = np.asarray(batch.rank)
     offsets = np.asarray(batch.offsets)
-    b = len(offsets) - 1
     k_total = len(batch.gain) - 1
     f = accumulated_probs(batch)
-    tree = np.repeat(np.arange(b), np.diff(offsets))
+    tree = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
     if scale is not None:
         f = f * np.asarray(scale, dtype=np.float64)[tree]
     depth = np.asarray(batch.depth)
     nodes = np.flatnonzero((rank >= 0) & (rank < k_total))
-    if len(nodes) == 0:
-        return np.zeros(k_total + 1)
-    reach = np.zeros((k_total + 1, b, int(depth[nodes].max()) + 1))
-    np.add.at(reach, (rank[nodes] + 1, tree[nodes], depth[nodes]), f[nodes])
-    reach = np.clip(np.cumsum(reach, axis=0), 0.0, 1.0)[:, :, 1:]  # [K+1, B, D]: P(r reaches d)
-    return (1.0 - np.prod(1.0 - reach, axis=1)).sum(axis=1)
+    nodes = nodes[np.argsort(rank[nodes], kind="stable")]
+    out = np.zeros(k_total + 1)
+    reach: dict[tuple[int, int], float] = {}  # P(request r reaches depth d)
+    prod: dict[int, float] = {}  # Π_r (1 - P) over the requests below 1 at depth d
+    full: dict[int, int] = {}  # requests certain to reach depth d
+    total = 0.0
+    for i, v in enumerate(nodes.tolist()):
+        d, key = int(depth[v]), (int(tree[v]), int(depth[v]))
+        old = reach.get(key, 0.0)
+        new = min(1.0, old + float(f[v]))
+        reach[key] = new
+        before = 1.0 if full.get(d, 0) else 1.0 - prod.get(d, 1.0)
+        if old >= 1.0:
+            full[d] -= 1
+        else:
+            prod[d] = prod.get(d, 1.0) / (1.0 - old)
+        if new >= 1.0:
+            full[d] = full.get(d, 0) + 1
+        else:
+            prod[d] *= 1.0 - new
+        total += (1.0 if full.get(d, 0) else 1.0 - prod[d]) - before
+        out[i + 1] = total
+    out[len(nodes) + 1 :] = total
+    return out
 
 
 def rerank(batch, order_key: np.ndarray):
