@@ -149,8 +149,10 @@ def test_a_real_sigint_keeps_the_text(tiny_dir, tmp_path):
     argv = ["generate", "--model", str(tiny_dir), "--device", "cpu", "--prompt", "w1 w2", "--budget", "0",
             "--max-new-tokens", "100000"]  # fmt: skip
     # the tiny model has 256 positions and ends at its context limit: each step is slowed so that the
-    # signal finds it running
+    # signal finds it running. A shell that starts the tests in the background (`cmd &` without job
+    # control) leaves SIGINT ignored, and Python then installs no handler: restore Ctrl-C's default
     code = (
+        "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
         "import time, sys; from sssd.engine.engine import Engine; step = Engine.step\n"
         "def slow(self):\n    time.sleep(0.05); return step(self)\n"
         "Engine.step = slow\nfrom sssd.cli import main; sys.exit(main(sys.argv[1:]))\n"
