@@ -209,15 +209,21 @@ def test_tree_step_overhead_makes_small_budgets_unattractive():
     assert choose_budget(b.gain, 1, 0, jump).budget == 0
 
 
+def _random_trees(rng, max_nodes: int) -> list:
+    """1-4 trees of 0..max_nodes - 1 draft nodes, each node's parent any earlier node (or the root)."""
+    trees = []
+    for _ in range(int(rng.integers(1, 5))):
+        n = int(rng.integers(0, max_nodes))
+        trees.append(([int(rng.integers(0, j + 1)) for j in range(n)], list(rng.uniform(0.05, 1.0, n))))
+    return trees
+
+
 def test_candidate_tree_pairs_are_those_of_each_truncated_batch():
     """The pairs the policy prices each candidate budget with are the padded attention's of the trees that
     budget keeps (``tree_pairs_of`` on ``truncate(k)``), for trees of every shape and unequal contexts."""
     rng = np.random.default_rng(5)
     for _ in range(30):
-        trees = []
-        for _ in range(int(rng.integers(1, 5))):
-            n = int(rng.integers(0, 10))
-            trees.append(([int(rng.integers(0, j + 1)) for j in range(n)], list(rng.uniform(0.05, 1.0, n))))
+        trees = _random_trees(rng, 10)
         batch = make_batch(trees)
         ctx = rng.integers(0, 500, len(trees))
         pairs = candidate_tree_pairs(batch, ctx)
@@ -276,10 +282,7 @@ def test_expected_head_levels_matches_the_product_formula_on_random_trees():
     """The one-pass update equals Σ_d (1 - Π_r (1 - P_r(d))) computed afresh for every budget."""
     rng = np.random.default_rng(11)
     for _ in range(40):
-        trees = []
-        for _ in range(int(rng.integers(1, 5))):
-            n = int(rng.integers(0, 12))
-            trees.append(([int(rng.integers(0, j + 1)) for j in range(n)], list(rng.uniform(0.05, 1.0, n))))
+        trees = _random_trees(rng, 12)
         batch = make_batch(trees)
         scale = rng.uniform(0.5, 3.0, len(trees))
         got = expected_head_levels(batch, scale)
