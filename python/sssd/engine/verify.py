@@ -3,7 +3,11 @@
 Only nodes on accepted paths need the LLM's distribution, so the walk asks the forward's output for
 logits one depth at a time (one output-head call per level for the whole batch, only for the node each
 request stands on). On a CPU the output head (vocab x hidden) is a large part of a small model's
-forward; computing it for ``1 + accepted`` rows instead of every draft node saves most of it.
+forward; computing it for ``1 + accepted`` rows instead of every draft node saves most of it when the
+head's cost grows with its rows (float32). Where it does not (bfloat16 on matrix units, a GPU), one call
+per level costs more than one call for every row still needed: the forward's ``HeadPlan``
+(``sssd.engine.adapter``) decides at each level from measured call costs whether to ask for the rows of
+the subtrees below the walks' nodes at once. Either way each row's logits come from the same head.
 """
 
 from __future__ import annotations
@@ -61,8 +65,17 @@ def verify_step(
     starts = np.cumsum([0] + [len(t.tokens) for t, _ in trees])
     walks = [_Walk(t, r, int(s)) for (t, _), r, s in zip(trees, reqs, starts[:-1], strict=True)]
     active = list(range(len(walks)))
+    plan = getattr(output, "plan", None)
+    fetched = False
     while active:
         rows = [walks[i].start + walks[i].node for i in active]
+        if plan is not None and not fetched:
+            below = np.concatenate(
+                [walks[i].start + _subtree(walks[i].tree.parents, walks[i].node) for i in active]
+            )
+            if plan.all_at_once(len(rows), len(below)):
+                output.prefetch(below)
+                fetched = True
         logits = output.logits(rows)  # [k, V]
         argmax = logits.argmax(dim=-1).tolist() if any(walks[i].req.params.greedy for i in active) else None
         active = [
@@ -70,4 +83,16 @@ def verify_step(
             for j, i in enumerate(active)
             if walks[i].decide(logits[j], None if argmax is None else argmax[j])
         ]
+        if plan is not None:
+            plan.level(bool(active))
     return [np.asarray(w.path, dtype=np.int64) for w in walks], [w.bonus for w in walks]
+
+
+def _subtree(parents: np.ndarray, node: int) -> np.ndarray:
+    """The nodes of the subtree rooted at ``node`` (itself first), parents preceding children."""
+    parents = np.asarray(parents)
+    inside = np.zeros(len(parents), dtype=bool)
+    inside[node] = True
+    for v in range(node + 1, len(parents)):
+        inside[v] = inside[parents[v]]
+    return np.flatnonzero(inside)
