@@ -8,7 +8,9 @@ A variant is ``fixed:K``, or ``adaptive`` with ``BudgetConfig`` fields after a c
 explore_every=4,min_gain=0``), ``prior_slope=S``: the built-in relative cost prior's per-token slope
 (default 2e-4, i.e. 4% of a one-token forward), ``extend_slope=0|1``, ``extend_evidence=E``, ``forget=F``,
 ``prior_weight=W``:
-the ``CostModel`` options.
+the ``CostModel`` options. Either kind takes ``head=lazy`` (``fixed:16,head=lazy``): verification asks the
+output head for one level of the accepted paths per call, never for all remaining rows at once (the
+adapter's ``HeadPlan`` off).
 Every adaptive variant may choose up to ``--cap`` nodes. Prints, per round, each variant's tokens/s, its
 ratio to the first variant and its tokens per forward.
 """
@@ -33,14 +35,22 @@ def parse_variant(text: str) -> tuple[str, int | None, dict, dict]:
     """'fixed:16' -> ('fixed', 16, {}, {}); 'adaptive:min_gain=0,prior_slope=5e-5' -> ('adaptive', None,
     {'min_gain': 0.0}, {'prior_slope': 5e-5}): BudgetConfig fields, then the cost model's options."""
     kind, _, rest = text.partition(":")
+    fields, cost = {}, {}
     if kind == "fixed":
-        return kind, int(rest), {}, {}
+        k, *opts = rest.split(",")
+        for item in opts:
+            key, _, value = item.partition("=")
+            if key != "head":
+                raise argparse.ArgumentTypeError(f"a fixed variant takes only head=lazy, got {item!r}")
+            cost["head"] = value
+        return kind, int(k), fields, cost
     if kind != "adaptive":
         raise argparse.ArgumentTypeError(f"variant must be fixed:K or adaptive[:key=value,...], got {text!r}")
-    fields, cost = {}, {}
     for item in filter(None, rest.split(",")):
         key, _, value = item.partition("=")
-        if key == "prior_slope":
+        if key == "head":
+            cost[key] = value
+        elif key == "prior_slope":
             cost[key] = float(value)
         elif key == "extend_slope":
             cost[key] = bool(float(value))
@@ -53,7 +63,18 @@ def parse_variant(text: str) -> tuple[str, int | None, dict, dict]:
 
 
 def make_engine(variant, model, tok, ds, batch: int, cap: int):
+    engine = _engine(variant, model, tok, ds, batch, cap)
+    head = variant[3].get("head", "plan")
+    if head not in ("plan", "lazy"):
+        raise SystemExit(f"head must be plan or lazy, got {head!r}")
+    if head == "lazy":
+        engine.adapter.head_plan = None
+    return engine
+
+
+def _engine(variant, model, tok, ds, batch: int, cap: int):
     kind, k, fields, cost = variant
+    cost = {key: v for key, v in cost.items() if key != "head"}
     drafter = sssd.Drafter(datastore=ds)
     if kind == "fixed":
         return sssd.Engine(
@@ -72,6 +93,16 @@ def make_engine(variant, model, tok, ds, batch: int, cap: int):
         cost_model.DEFAULT_FORWARD = default
     config = sssd.EngineConfig(budget=cap, max_batch_size=batch, policy=policy)
     return sssd.Engine(model, tok, drafter=drafter, config=config)
+
+
+def same_text(name: str, turns: list, ref: list) -> str:
+    """``name``'s rate over the reference's on the batches where both wrote the same outputs (bfloat16
+    outputs drift, and a drifted text can be far easier or harder to draft for)."""
+    same = [c for c, (a, b) in enumerate(zip(turns, ref, strict=True)) if a[2] == b[2]]
+    if not same:
+        return f"{name} - (0/{len(ref)})"
+    rate = lambda t: sum(t[c][0] for c in same) / sum(t[c][1] for c in same)  # noqa: E731
+    return f"{name} {rate(turns) / rate(ref):.2f}x ({len(same)}/{len(ref)})"
 
 
 def main() -> int:
@@ -100,18 +131,28 @@ def main() -> int:
         for r in range(args.rounds):
             engines = [make_engine(v, model, tok, ds, args.batch, args.cap) for v in variants]
             tokens, secs, steps = [0] * len(variants), [0.0] * len(variants), [0] * len(variants)
+            turns = [[] for _ in variants]  # per chunk: (tokens, seconds, outputs)
             for c, chunk in enumerate(chunks):
                 for j in range(len(variants)):
                     i = (r + c + j) % len(variants)  # a rotating order: a passing load slows all alike
                     before, t = engines[i].stats.steps, time.perf_counter()
                     out = engines[i].generate(chunk, max_new_tokens=args.max_new_tokens)
-                    secs[i] += time.perf_counter() - t
-                    tokens[i] += sum(len(o.tokens) for o in out)
+                    dt = time.perf_counter() - t
+                    n = sum(len(o.tokens) for o in out)
+                    secs[i] += dt
+                    tokens[i] += n
                     steps[i] += engines[i].stats.steps - before
+                    turns[i].append((n, dt, [list(o.tokens) for o in out]))
             ref = tokens[0] / secs[0]
             cells = [f"{name} {n / s:.1f} tok/s ({n / s / ref:.2f}x, {n / st:.2f} tokens/forward)"
                      for name, n, s, st in zip(args.variants, tokens, secs, steps, strict=True)]  # fmt: skip
             print(f"round {r + 1}: " + ", ".join(cells), flush=True)
+            pairs = zip(args.variants[1:], turns[1:], strict=True)
+            same = ", ".join(same_text(name, t, turns[0]) for name, t in pairs)
+            print(
+                f"  on the batches where a variant wrote the same text as {args.variants[0]}: {same}",
+                flush=True,
+            )
     return 0
 
 
