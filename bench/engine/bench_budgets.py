@@ -196,6 +196,29 @@ def policy_lines(run: Run, dtype: str, batch: int) -> list[str]:
     ]
 
 
+def drift_lines(runs: list[Run], items, dtype: str, batch: int) -> list[str]:
+    """Where the adaptive run and the best fixed budget wrote different texts (last round): each such
+    prompt's forwards per output token in both, the easier text first-named. A drifted text that falls into
+    a repeated line can take a quarter of the forwards, which moves a rate over a dozen prompts more than
+    the budgets do."""
+    fixed = [r for r in runs if r.budget is not None and r.mode == "fixed"]
+    best = max(fixed, key=lambda r: np.median([r.rate(i) for i in range(len(r.secs))]))
+    ad = runs[-1]
+    cells = []
+    for i in sorted(best.outputs):
+        if i not in ad.outputs or list(ad.outputs[i]) == list(best.outputs[i]):
+            continue
+        fb, fa = (run.prompt_steps.get(i, 0) / max(len(run.outputs[i]), 1) for run in (best, ad))
+        cells.append(f"{i} ({items[i]['kind']}) {fb:.2f}/{fa:.2f}")
+    if not cells:
+        return []
+    return [
+        f"- {dtype}, batch {batch}: texts of {best.name} and {ad.name} differ on {len(cells)} of "
+        f"{len(best.outputs)} prompts; forwards per output token there ({best.name}/{ad.name}): "
+        + ", ".join(cells)
+    ]
+
+
 def kind_lines(runs: list[Run], items, dtype: str, batch: int) -> list[str]:
     """MAL per prompt kind of the adaptive run and of the largest fixed budget."""
     out = []
@@ -278,9 +301,12 @@ def bench_dtype(args, dtype: str, items) -> tuple[list[str], list[str], list[dic
             rows += table(runs, dtype, batch)
             print("\n".join(rows[-len(runs) :]), flush=True)
             notes += policy_lines(runs[-1], dtype, batch) + kind_lines(runs, items, dtype, batch)
+            notes += drift_lines(runs, items, dtype, batch)
             dump += [
                 {"dtype": dtype, "batch": batch, "run": r.name, "tokens": r.tokens, "secs": r.secs,
-                 "outputs": {items[i]["id"]: o for i, o in r.outputs.items()}}
+                 "outputs": {items[i]["id"]: o for i, o in r.outputs.items()},
+                 "forwards": {items[i]["id"]: n for i, n in r.prompt_steps.items()},
+                 "turns": [[rd, c, int(n), float(sec)] for (rd, c), (n, sec, _) in sorted(r.turns.items())]}
                 for r in runs
             ]  # fmt: skip
     return rows, notes, dump

@@ -1,14 +1,14 @@
 """What a tree costs beyond its tokens: the attention, one padded SDPA call per layer (the engine's CPU
 path) for a batch of requests whose trees differ in size, against the cost model's tree attention pairs
-``P_tree``; and one call of the output head, which verification makes once per accepted depth (the cost
-model's head levels).
+``P_tree``; and one call of the output head by rows, which verification makes once per accepted depth or
+once for all the rows it still needs (``HeadPlan``: where 32 rows cost about what 1 does, one call pays).
 
     PYTHONPATH=python python3 bench/engine/bench_tree_pairs.py --dtype bfloat16
 
 SmolLM2-135M's attention shape (9 query heads, 3 key/value heads, head size 64), 30 layers, 1 thread.
 Prints per row: the trees' sizes (nodes per request, root included), cache rows per request, the
 milliseconds of the 30 layers' attention (median of ``--repeats``) and ``P_tree``; then the milliseconds
-of one output-head call (hidden 576, vocabulary 49152) for 1, 4 and 16 rows.
+of one output-head call (hidden 576, vocabulary 49152) for 1 to 64 rows.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def main() -> int:
     head = torch.nn.Linear(576, 49152, bias=False).to(dtype)
     print("\n| output-head rows | ms per call |\n|---|---|")
     with torch.inference_mode():
-        for rows in (1, 4, 16):
+        for rows in (1, 2, 4, 8, 16, 32, 64):
             x = torch.randn(rows, 576, dtype=dtype)
             for _ in range(3):
                 head(x)
