@@ -18,6 +18,7 @@ ratio to the first variant and its tokens per forward.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import tempfile
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ from pathlib import Path
 import sssd
 import sssd.policy.cost_model as cost_model
 import torch
+from replay import Replay
 from sssd.cli.demo import bundled_items
 from sssd.data import sample_corpus, sample_vocab_size
 from sssd.models.loading import chat_ids, load_model
@@ -88,6 +90,8 @@ def _engine(variant, model, tok, ds, batch: int, cap: int):
         cost_model.DEFAULT_FORWARD = (default[0], cost["prior_slope"], default[2], default[3])
     try:
         model_kw = {k: v for k, v in cost.items() if k != "prior_slope"}
+        fields = dict(fields)
+        cap = int(fields.pop("budget", cap))  # a variant's own largest budget (``adaptive:budget=16``)
         policy = BudgetPolicy(BudgetConfig(budget=cap, **fields), cost_model.CostModel(**model_kw))
     finally:
         cost_model.DEFAULT_FORWARD = default
@@ -116,6 +120,10 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--cap", type=int, default=32, help="the adaptive variants' largest budget")
+    ap.add_argument(
+        "--replay", action="store_true",
+        help="every variant writes the engine's plain decoding's text (bench/engine/replay.py): equal texts",
+    )  # fmt: skip
     args = ap.parse_args()
     variants = [parse_variant(v) for v in args.variants]
     torch.set_num_threads(1)
@@ -128,6 +136,14 @@ def main() -> int:
         path = Path(tmp) / "d.sssd"
         sssd.build_datastore(sample_corpus(), path, vocab_size=sample_vocab_size(), tokenizer=tok)
         ds = sssd.Datastore.open(path, tokenizer=tok)
+        replay = contextlib.nullcontext()
+        if args.replay:
+            plain = make_engine(("fixed", 0, {}, {}), model, tok, ds, args.batch, args.cap)
+            refs = {}
+            for chunk in chunks:
+                out = plain.generate(chunk, max_new_tokens=args.max_new_tokens)
+                refs.update({tuple(p): list(o.tokens) for p, o in zip(chunk, out, strict=True)})
+            replay = Replay(refs)
         for r in range(args.rounds):
             engines = [make_engine(v, model, tok, ds, args.batch, args.cap) for v in variants]
             tokens, secs, steps = [0] * len(variants), [0.0] * len(variants), [0] * len(variants)
@@ -136,7 +152,8 @@ def main() -> int:
                 for j in range(len(variants)):
                     i = (r + c + j) % len(variants)  # a rotating order: a passing load slows all alike
                     before, t = engines[i].stats.steps, time.perf_counter()
-                    out = engines[i].generate(chunk, max_new_tokens=args.max_new_tokens)
+                    with replay:
+                        out = engines[i].generate(chunk, max_new_tokens=args.max_new_tokens)
                     dt = time.perf_counter() - t
                     n = sum(len(o.tokens) for o in out)
                     secs[i] += dt
@@ -153,6 +170,8 @@ def main() -> int:
                 f"  on the batches where a variant wrote the same text as {args.variants[0]}: {same}",
                 flush=True,
             )
+        if args.replay:
+            print(f"replay: the model's own walk differed on {replay.moved} of {replay.steps} request steps")
     return 0
 
 

@@ -35,6 +35,7 @@ import numpy as np
 import sssd
 import torch
 from bench_engine import hf_generate  # greedy generate, left-padded batches, cut after EOS
+from replay import Replay
 from sssd.cli.demo import bundled_items, first_difference
 from sssd.data import sample_corpus, sample_vocab_size
 from sssd.models.loading import chat_ids, cpu_bf16_units, load_model
@@ -95,11 +96,23 @@ def one_turn(run: Run, engine, hf_model, chunk: list[int], prompts, new: int, eo
     return sum(map(len, outs)), secs
 
 
+def references(model, tok, prompts, batch: int, new: int) -> dict:
+    """The engine's plain decoding of every prompt, in chunks of ``batch`` (what replay writes)."""
+    engine = engine_for(Run("budget 0", 0), model, tok, None, batch)
+    refs = {}
+    for i in range(0, len(prompts), batch):
+        chunk = prompts[i : i + batch]
+        out = engine.generate(chunk, max_new_tokens=new)
+        refs.update({tuple(p): list(o.tokens) for p, o in zip(chunk, out, strict=True)})
+    return refs
+
+
 def measure(
-    runs: list[Run], models, tok, ds, prompts, batch: int, rounds: int, new: int, fresh: bool
+    runs: list[Run], models, tok, ds, prompts, batch: int, rounds: int, new: int, fresh: bool, replay=None
 ) -> None:
     """``rounds`` rounds; in each, every run takes its turn on every chunk of ``batch`` prompts, with one
-    engine per round (``fresh``: per turn, so that the adaptive policy starts cold on every chunk)."""
+    engine per round (``fresh``: per turn, so that the adaptive policy starts cold on every chunk). With
+    ``replay`` (a :class:`Replay`) the engine runs write its references."""
     model, hf_model = models
     eos = int(tok.eos_token_id)
     chunks = [list(range(i, min(i + batch, len(prompts)))) for i in range(0, len(prompts), batch)]
@@ -112,7 +125,11 @@ def measure(
                 k = (r + c + j) % len(runs)
                 if fresh and c > 0:
                     engines[k] = make(runs[k])
-                n, s = one_turn(runs[k], engines[k], hf_model, chunk, prompts, new, eos)
+                if replay is not None and engines[k] is not None:
+                    with replay:
+                        n, s = one_turn(runs[k], engines[k], hf_model, chunk, prompts, new, eos)
+                else:
+                    n, s = one_turn(runs[k], engines[k], hf_model, chunk, prompts, new, eos)
                 tokens[k] += n
                 secs[k] += s
                 run = runs[k]
@@ -235,6 +252,36 @@ def kind_lines(runs: list[Run], items, dtype: str, batch: int) -> list[str]:
     return out
 
 
+def file_items(args) -> list[dict]:
+    """``--prompts`` prompts of ``--prompt-file`` as {id, kind, text}: those whose recorded output reached
+    ``--min-output`` tokens (a rule fixed before measuring: long outputs), kinds in turn, in file order."""
+    items = []
+    with open(args.prompt_file, encoding="utf-8") as f:
+        for n, line in enumerate(f):
+            if not line.strip():
+                continue
+            rec = json.loads(line)
+            if not isinstance(rec, dict) or not isinstance(rec.get("text"), str):
+                raise SystemExit(f"{args.prompt_file}:{n + 1}: each line must be an object with a 'text'")
+            if args.min_output and len(rec.get("output_ids") or ()) < args.min_output:
+                continue
+            kind = str(rec.get("kind") or rec.get("subset") or "prompt")
+            items.append({"id": str(rec.get("id", f"line{n + 1}")), "kind": kind, "text": rec["text"]})
+    kinds = list(dict.fromkeys(it["kind"] for it in items))
+    queues = [[it for it in items if it["kind"] == k] for k in kinds]
+    order = [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]
+    if len(order) < args.prompts:
+        raise SystemExit(f"{args.prompt_file}: {len(order)} prompts qualify, --prompts asks {args.prompts}")
+    return order[: args.prompts]
+
+
+def prompt_source(args) -> str:
+    if args.prompt_file is None:
+        return f"{args.prompts} bundled (kinds in turn)"
+    longest = f" whose recorded output reached {args.min_output} tokens" if args.min_output else ""
+    return f"the first {args.prompts} of {Path(args.prompt_file).name}{longest} (kinds in turn)"
+
+
 def header(args) -> list[str]:
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     units = cpu_bf16_units() or "none"
@@ -244,7 +291,13 @@ def header(args) -> list[str]:
         f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}, bfloat16 "
         f"matrix units: {units}, {torch.get_num_threads()} torch thread(s), {os.cpu_count()} CPUs, load "
         f"average at start {load}; {args.rounds} interleaved rounds, {args.max_new_tokens} new tokens at "
-        "most per prompt",
+        f"most per prompt; prompts: {prompt_source(args)}"
+        + (
+            "; replay: every engine run writes the engine's plain decoding's text (a draft token is accepted "
+            "when it equals the reference's; see bench/engine/replay.py)"
+            if args.replay
+            else ""
+        ),
         "",
         "| dtype | batch | run | tok/s median (min) | MAL | vs generate median (min) "
         "| vs best fixed median (min) | vs best fixed, same text (turns) | identical to budget 0 |",
@@ -271,6 +324,19 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument(
         "--full", action="store_true", help="= --prompts 12 --max-new-tokens 256 --rounds 3 --batches 1,4"
     )
+    ap.add_argument(
+        "--replay", action="store_true",
+        help="every engine run writes the engine's plain decoding's text (equal texts in bfloat16 too)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--prompt-file",
+        help="JSON lines with a 'text' (optionally 'id', 'kind' or 'subset'): these prompts instead of "
+        "the bundled ones, kinds in turn, --prompts of them",
+    )
+    ap.add_argument(
+        "--min-output", type=int, default=0,
+        help="with --prompt-file: only prompts whose recorded 'output_ids' have at least this many tokens",
+    )  # fmt: skip
     ap.add_argument("--out", help="append the markdown to this file")
     ap.add_argument("--json", help="write every measurement (per round, per prompt) to this JSON file")
     args = ap.parse_args()
@@ -295,13 +361,21 @@ def bench_dtype(args, dtype: str, items) -> tuple[list[str], list[str], list[dic
         ds = sssd.Datastore.open(path, tokenizer=tok)
         for batch in map(int, args.batches.split(",")):
             runs = runs_for(args.budgets, args.cap, not args.no_hf)
-            measure(
-                runs, (model, hf_model), tok, ds, prompts, batch, args.rounds, args.max_new_tokens, args.fresh
-            )
+            replay = None
+            if args.replay:
+                replay = Replay(references(model, tok, prompts, batch, args.max_new_tokens))
+            new, fresh = args.max_new_tokens, args.fresh
+            measure(runs, (model, hf_model), tok, ds, prompts, batch, args.rounds, new, fresh, replay)
             rows += table(runs, dtype, batch)
             print("\n".join(rows[-len(runs) :]), flush=True)
             notes += policy_lines(runs[-1], dtype, batch) + kind_lines(runs, items, dtype, batch)
             notes += drift_lines(runs, items, dtype, batch)
+            if replay is not None:
+                share = replay.moved / max(replay.steps, 1)
+                notes.append(
+                    f"- {dtype}, batch {batch}, replay: the model's own verification differed from the "
+                    f"reference on {replay.moved} of {replay.steps} request steps ({share:.1%})"
+                )
             dump += [
                 {"dtype": dtype, "batch": batch, "run": r.name, "tokens": r.tokens, "secs": r.secs,
                  "outputs": {items[i]["id"]: o for i, o in r.outputs.items()},
@@ -315,7 +389,7 @@ def bench_dtype(args, dtype: str, items) -> tuple[list[str], list[str], list[dic
 def main() -> int:
     args = parse_args()
     torch.set_num_threads(args.threads)
-    items = bundled_items(args.prompts)
+    items = bundled_items(args.prompts) if args.prompt_file is None else file_items(args)
     lines, notes, dump = header(args), [], []
     print("\n".join(lines), flush=True)
     for dtype in args.dtypes.split(","):
