@@ -11,8 +11,10 @@ explore_every=4,min_gain=0``), ``prior_slope=S``: the built-in relative cost pri
 the ``CostModel`` options. Either kind takes ``head=lazy`` (``fixed:16,head=lazy``): verification asks the
 output head for one level of the accepted paths per call, never for all remaining rows at once (the
 adapter's ``HeadPlan`` off).
-Every adaptive variant may choose up to ``--cap`` nodes. Prints, per round, each variant's tokens/s, its
-ratio to the first variant and its tokens per forward.
+Every adaptive variant may choose up to ``--cap`` nodes (``adaptive:budget=16``: up to 16). Prints, per
+round, each variant's tokens/s, its ratio to the first variant and its tokens per forward. ``--replay``:
+every variant writes the engine's plain decoding's text (``bench/engine/replay.py``), so that bfloat16
+variants, whose outputs would drift apart, are compared on equal texts.
 """
 
 from __future__ import annotations
