@@ -33,6 +33,8 @@ class Replay:
         self._real = None
 
     def __enter__(self) -> Replay:
+        if self._real is not None:
+            raise RuntimeError("this replay is already active")
         self._real = engine_module.verify_step
         engine_module.verify_step = self._verify
         return self
