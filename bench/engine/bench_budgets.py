@@ -236,6 +236,33 @@ def drift_lines(runs: list[Run], items, dtype: str, batch: int) -> list[str]:
     ]
 
 
+def repeated_share(outputs, n: int = 8) -> tuple[int, int]:
+    """(repeated, total): of the outputs' n-grams, how many repeat an earlier n-gram of the same output.
+    A text stuck in a loop repeats nearly all of them, and retrieval then drafts it almost for free."""
+    hit = total = 0
+    for seq in outputs:
+        seen = set()
+        for i in range(n, len(seq) + 1):
+            gram = tuple(seq[i - n : i])
+            hit += gram in seen
+            seen.add(gram)
+            total += 1
+    return hit, total
+
+
+def repeat_lines(runs: list[Run], dtype: str, batch: int) -> list[str]:
+    """How much of each engine run's text (last round) repeats itself. Where bfloat16 texts drift apart, a
+    run whose texts fell into loops more often drafts more per forward, a speed bought with a worse text."""
+    cells = []
+    for run in (r for r in runs if r.budget is not None):
+        hit, total = repeated_share(run.outputs[i] for i in sorted(run.outputs))
+        cells.append(f"{run.name} {hit / max(total, 1):.1%}")
+    return [
+        f"- {dtype}, batch {batch}: output 8-grams repeating an earlier one of the same output: "
+        + ", ".join(cells)
+    ]
+
+
 def kind_lines(runs: list[Run], items, dtype: str, batch: int) -> list[str]:
     """MAL per prompt kind of the adaptive run and of the largest fixed budget."""
     out = []
@@ -369,7 +396,7 @@ def bench_dtype(args, dtype: str, items) -> tuple[list[str], list[str], list[dic
             rows += table(runs, dtype, batch)
             print("\n".join(rows[-len(runs) :]), flush=True)
             notes += policy_lines(runs[-1], dtype, batch) + kind_lines(runs, items, dtype, batch)
-            notes += drift_lines(runs, items, dtype, batch)
+            notes += drift_lines(runs, items, dtype, batch) + repeat_lines(runs, dtype, batch)
             if replay is not None:
                 share = replay.moved / max(replay.steps, 1)
                 notes.append(
