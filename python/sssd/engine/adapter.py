@@ -28,7 +28,6 @@ scratch tail); ``commit`` then gathers the accepted nodes into place for all lay
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import time
@@ -42,6 +41,7 @@ import torch
 from sssd.engine.attention import tree_attention
 from sssd.engine.kv_cache import CacheShape, KVCache, StepWrites
 from sssd.engine.masks import ancestor_bits, dense_visibility
+from sssd.engine.shadow import shadow_model
 from sssd.engine.static_step import (
     CompileError,
     StaticArgs,
@@ -52,6 +52,7 @@ from sssd.engine.static_step import (
     static_attention,
 )
 from sssd.engine.trees import Tree, chain_tree
+from sssd.kernels.linear import fast_linears
 from sssd.kernels.tree_attention import MAX_TREE_NODES
 
 ATTENTION_NAME = "sssd_tree"
@@ -266,6 +267,7 @@ class ModelAdapter:
         initial_capacity: int = 256,
         attention: str = "auto",
         compile: bool | str = False,
+        linear: str = "auto",
     ):
         cls = type(model).__name__
         if attention not in ATTENTION_BACKENDS:
@@ -280,22 +282,22 @@ class ModelAdapter:
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
         _register()
-        own = getattr(config, "_attn_implementation", None)
+        # the engine's own view of the model (sssd.engine.shadow): same weights, its own attention setting
+        # and eval mode; the user's model is never switched, so nothing can leave it switched
+        view = shadow_model(model)
         try:
-            model.set_attn_implementation(ATTENTION_NAME)
-            uses_interface = getattr(config, "_attn_implementation", None) == ATTENTION_NAME
+            view.set_attn_implementation(ATTENTION_NAME)
+            uses_interface = getattr(view.config, "_attn_implementation", None) == ATTENTION_NAME
         except Exception as e:
             raise ValueError(
                 f"{cls} cannot switch its attention implementation to '{ATTENTION_NAME}': {e}"
             ) from e
-        finally:  # the model keeps its own attention outside the engine's forwards
-            if own is not None and own != ATTENTION_NAME:
-                model.set_attn_implementation(own)
         if not uses_interface:
             raise ValueError(
                 f"{cls} does not use transformers' AttentionInterface, so sssd cannot replace its attention"
             )
         self.model = model
+        self.view = view
         self.model_class = cls
         self.prefill_chunk = prefill_chunk
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -313,6 +315,8 @@ class ModelAdapter:
         mode = resolve_compile(compile, shape.device, self.attention, explicit_attention=attention != "auto")
         self.static = StaticStep(self, mode) if mode is not None else None
         self.head_plan = HeadPlan()  # when verification asks the output head for many rows at once
+        # CPU: the linear layers' kernel for each row count, measured here (sssd.kernels.linear)
+        self.linear_plan = fast_linears(view, linear) if self.static is None else None
         self._probe()
 
     @staticmethod
@@ -345,32 +349,12 @@ class ModelAdapter:
         input_ids = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)).to(dev).unsqueeze(0)
         position_ids = torch.from_numpy(np.ascontiguousarray(pos, dtype=np.int64)).to(dev).unsqueeze(0)
         kw = dict(input_ids=input_ids, position_ids=position_ids, use_cache=False, sssd_step=ctx)
-        with torch.inference_mode(), self._engine_mode():
+        with torch.inference_mode():
             if mode == "logits" or (mode == "none" and self._base is None):
-                out = self.model(**kw, logits_to_keep=0 if mode == "logits" else 1)
+                out = self.view(**kw, logits_to_keep=0 if mode == "logits" else 1)
                 return out.logits[0] if mode == "logits" else None
             hidden = self._base(**kw).last_hidden_state[0]
         return hidden if mode == "hidden" else None
-
-    @contextlib.contextmanager
-    def _engine_mode(self):
-        """The engine's attention and eval mode for one forward; the model's own (whatever the user set
-        meanwhile, e.g. ``set_attn_implementation("sdpa")`` or ``train()``) is restored after it, so the
-        model behaves as before outside the engine (~50 µs per forward for the two switches)."""
-        model, config = self.model, self.model.config
-        own = getattr(config, "_attn_implementation", None)
-        training = model.training
-        if own != ATTENTION_NAME:
-            model.set_attn_implementation(ATTENTION_NAME)
-        if training:
-            model.eval()
-        try:
-            yield
-        finally:
-            if training:
-                model.train()
-            if own is not None and own != ATTENTION_NAME:
-                model.set_attn_implementation(own)
 
     def _probe(self) -> None:
         """Tiny forwards on a scratch slot: every layer must call our attention exactly once; and the
@@ -383,11 +367,10 @@ class ModelAdapter:
             ctx = self._context(slot, [tree])
             ctx.record = True
             logits = self._run(tree.tokens, tree.depth, ctx, "logits")
-            base = getattr(self.model, "base_model", None)
-            head = (
-                self.model.get_output_embeddings() if hasattr(self.model, "get_output_embeddings") else None
-            )
-            if base is not None and base is not self.model and head is not None:
+            view = self.view
+            base = getattr(view, "base_model", None)
+            head = view.get_output_embeddings() if hasattr(view, "get_output_embeddings") else None
+            if base is not None and base is not view and head is not None:
                 self._base, self._head = base, head
                 try:
                     hidden = self._run(tree.tokens, tree.depth, self._context(slot, [tree]), "hidden")

@@ -237,7 +237,7 @@ class StaticStep:
         if (cache.capacity, cache.slots) != (bucket.capacity, bucket.cache_slots):
             raise ValueError(f"{bucket} does not match the cache ({cache.slots} x {cache.capacity} rows)")
         bufs = self._fill(bucket, trees, committed)
-        model = adapter._base if adapter.lazy_head else adapter.model
+        model = adapter._base if adapter.lazy_head else adapter.view
         names = ("input_ids", "position_ids", "committed", "ancestors", "row_ids")
         args = (model, adapter.lazy_head, *(bufs[k] for k in names))
         self.last_compile_time = 0.0
@@ -263,7 +263,7 @@ class StaticStep:
     def _call(self, bucket: Bucket, args: tuple) -> torch.Tensor:
         if self.mode == "cudagraph":
             return self._replay(bucket, args)
-        with torch.inference_mode(), self.adapter._engine_mode():
+        with torch.inference_mode():
             return self._function(bucket)(*args, *self._cache_views(bucket))
 
     def _cache_views(self, bucket: Bucket) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -301,7 +301,7 @@ class StaticStep:
             graph, out = self._graphs[bucket][:2]
             graph.replay()
             return out
-        with torch.inference_mode(), self.adapter._engine_mode():
+        with torch.inference_mode():
             stream = torch.cuda.Stream(self.device)
             stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(stream):
