@@ -13,7 +13,7 @@ from sssd.kernels import linear as L
 from tiny_models import VOCAB, tiny_model
 from toy_drafters import OracleDrafter
 
-ISAS = [i for i in range(4) if _core.linear_isa_supported(i)]
+ISAS = [i for i in range(4) if _core.isa_supported(i)]
 
 
 def _reference(x, w, b):
@@ -44,14 +44,19 @@ def test_linear_rows_checks_its_arguments():
         _core.linear_rows(x.tolist(), w, None, y)
     with pytest.raises(ValueError, match="columns"):
         _core.linear_rows(x, np.ones((3, 7), np.float32), None, y)
-    with pytest.raises(ValueError, match=r"out must be \[2, 3\]"):
+    with pytest.raises(ValueError, match="3 columns"):
         _core.linear_rows(x, w, None, np.zeros((3, 2), np.float32))
     with pytest.raises(ValueError, match="bias"):
         _core.linear_rows(x, w, np.ones(2, np.float32), y)
     with pytest.raises(ValueError, match="C-contiguous"):
         _core.linear_rows(np.ones((8, 2), np.float32).T, w, None, y)
     with pytest.raises(ValueError, match="2-D"):
-        _core.linear_rows(np.ones(8, np.float32), w, None, y)
+        _core.linear_rows(x, np.ones(8, np.float32), None, y)
+    with pytest.raises(ValueError, match="x's shape"):
+        _core.linear_rows(x.reshape(2, 1, 8), w, None, y)
+    y3 = np.zeros((2, 1, 3), np.float32)
+    _core.linear_rows(x.reshape(2, 1, 8), w, None, y3)  # leading dimensions are rows
+    assert np.allclose(y3[:, 0], x @ w.T)
     shared = np.zeros((2, 8), np.float32)
     with pytest.raises(ValueError, match="share memory"):
         _core.linear_rows(shared, np.ones((8, 8), np.float32), None, shared)
@@ -80,7 +85,7 @@ def _kernels():
 def test_fast_linear_equals_f_linear(kernel):
     torch.manual_seed(0)
     lin = torch.nn.Linear(40, 24)
-    fast = L.FastLinear.of(lin, L.LinearPlan(["torch", kernel]))
+    fast = L.FastLinear.of(lin, L.LinearPlan((1, 2), ["torch", kernel]))
     with torch.inference_mode():
         for shape in ((1, 40), (1, 3, 40), (2, 5, 40), (17, 40)):
             x = torch.randn(shape)
@@ -94,13 +99,13 @@ def test_fast_linear_equals_f_linear(kernel):
 
 
 def test_a_plan_maps_row_counts_to_kernels():
-    plan = L.LinearPlan(["torch", "torch", "rows", "rows", "packed"])
+    plan = L.LinearPlan((2, 3, 8, 16), ["torch", "rows", "rows", "packed"])
     assert [plan.kernel(r) for r in (1, 2, 3, 4, 5, 8, 9, 16, 17, 1000)] == [
         "torch", "torch", "rows", "rows", "rows", "rows", "packed", "packed", "packed", "packed"
     ]  # fmt: skip
-    assert plan.table == [0, 0, 1, 1, 2] and plan.uses == {"torch", "rows", "packed"}
-    measured = L.LinearPlan(["torch", "rows"], {"torch": {1: 2.0, 2: 3.0}, "rows": {1: 2.1, 2: 1.5}})
-    assert measured.describe() == "linear kernels by rows (1: torch, 2: rows 2.00x)"
+    assert plan.table == [0, 0, 0] + [1] * 6 + [2] * 8 and plan.uses == {"torch", "rows", "packed"}
+    measured = L.LinearPlan((1, 4), ["torch", "rows"], {"torch": {1: 2.0, 4: 3.0}, "rows": {1: 2.1, 4: 1.5}})
+    assert measured.describe() == "linear kernels by rows (1: torch, 2-4: rows 2.00x)"
 
 
 def test_fast_linears_replace_only_the_view():

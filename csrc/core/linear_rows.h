@@ -9,6 +9,8 @@
 #pragma once
 #include <cstdint>
 
+#include "core/simd.h"
+
 namespace sssd {
 
 struct LinearRows {
@@ -17,18 +19,13 @@ struct LinearRows {
   const float* bias;  // [cols] or nullptr
   float* y;           // [rows, cols], row stride y_stride
   int64_t rows, depth, cols, x_stride, y_stride;
+  int64_t w_stride = 0;  // elements between weight rows; 0: depth (a dense weight)
 };
-
-// The instruction sets linear_rows has code for; kBest is the widest this CPU runs.
-enum class LinearIsa { kBest = 0, kGeneric = 1, kAvx2 = 2, kAvx512 = 3 };
-
-// Whether this CPU runs `isa` (kBest and kGeneric always).
-bool linear_isa_supported(LinearIsa isa);
 
 // y = x · wᵀ (+ bias). OpenMP over blocks of weight rows on `threads` threads (0: OpenMP's default). `isa`
 // other than kBest (tests) must be supported. Arguments are trusted: the bindings check shapes, strides,
 // aliasing and the instruction set.
-void linear_rows(const LinearRows& a, int threads, LinearIsa isa = LinearIsa::kBest);
+void linear_rows(const LinearRows& a, int threads, Isa isa = Isa::kBest);
 
 // The straightforward triple loop (double accumulation): the unit tests' reference.
 void linear_rows_reference(const LinearRows& a);

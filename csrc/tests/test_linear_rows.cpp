@@ -13,7 +13,7 @@ namespace {
 float uniform(sssd_test::Rng& rng) { return static_cast<float>(rng.below(2001)) / 1000.0f - 1.0f; }
 
 // Largest |y - ref| relative to the sum of |x|·|w| of the dot product (the scale of rounding errors).
-double worst_error(sssd::LinearIsa isa, int64_t rows, int64_t depth, int64_t cols, bool bias, int threads,
+double worst_error(sssd::Isa isa, int64_t rows, int64_t depth, int64_t cols, bool bias, int threads,
                    uint64_t seed) {
   sssd_test::Rng rng(seed);
   const int64_t xs = depth + 3, ys = cols + 5;  // strided rows: the kernel must honour the strides
@@ -45,11 +45,11 @@ double worst_error(sssd::LinearIsa isa, int64_t rows, int64_t depth, int64_t col
 }  // namespace
 
 TEST(linear_rows_matches_the_reference) {
-  const sssd::LinearIsa isas[] = {sssd::LinearIsa::kBest, sssd::LinearIsa::kGeneric, sssd::LinearIsa::kAvx2,
-                                  sssd::LinearIsa::kAvx512};
+  const sssd::Isa isas[] = {sssd::Isa::kBest, sssd::Isa::kGeneric, sssd::Isa::kAvx2,
+                                  sssd::Isa::kAvx512};
   uint64_t seed = 1;
-  for (sssd::LinearIsa isa : isas) {
-    if (!sssd::linear_isa_supported(isa)) continue;
+  for (sssd::Isa isa : isas) {
+    if (!sssd::isa_supported(isa)) continue;
     for (int64_t rows : {1, 2, 3, 4, 5, 8, 9, 17}) {
       for (int64_t depth : {1, 15, 16, 17, 64, 100}) {
         for (int64_t cols : {1, 3, 4, 7, 33}) {
@@ -70,7 +70,7 @@ TEST(linear_rows_matches_the_reference) {
 
 TEST(linear_rows_large_layers_split_into_tiles) {
   // more weight rows than one tile holds, on several threads: every tile written once, correctly
-  CHECK(worst_error(sssd::LinearIsa::kBest, 6, 576, 1000, true, 4, 99) < 1e-5);
+  CHECK(worst_error(sssd::Isa::kBest, 6, 576, 1000, true, 4, 99) < 1e-5);
 }
 
 TEST(linear_rows_empty_inputs_write_nothing) {
@@ -82,7 +82,7 @@ TEST(linear_rows_empty_inputs_write_nothing) {
 }
 
 TEST(linear_rows_isa_support) {
-  CHECK(sssd::linear_isa_supported(sssd::LinearIsa::kBest));
-  CHECK(sssd::linear_isa_supported(sssd::LinearIsa::kGeneric));
-  if (sssd::linear_isa_supported(sssd::LinearIsa::kAvx512)) CHECK(sssd::linear_isa_supported(sssd::LinearIsa::kAvx2));
+  CHECK(sssd::isa_supported(sssd::Isa::kBest));
+  CHECK(sssd::isa_supported(sssd::Isa::kGeneric));
+  if (sssd::isa_supported(sssd::Isa::kAvx512)) CHECK(sssd::isa_supported(sssd::Isa::kAvx2));
 }

@@ -15,12 +15,14 @@ All requests' trees are packed into one row (``input_ids`` ``[1, N]``). Attentio
   call per layer with a dense boolean mask over each request's rows;
 - ``"packed"``: the packed layout goes as is to :func:`sssd.kernels.tree_attention.hf_tree_attention`, which
   runs the CUDA tree kernel (CUDA tensors, fp16/bf16, head dim 64/128: committed rows unmasked, tree nodes
-  through 128-bit ancestor masks, no padding) and otherwise the float64 reference of that kernel (slow; the
-  GPU suite's "float32 reference mode"). Trees of more than 128 nodes (long prefill chunks) use SDPA.
+  through 128-bit ancestor masks, no padding), on a CPU in float32 sssd's CPU tree kernel (the same
+  layout; each request reads its own rows only, once per KV head) and otherwise the float64 reference of
+  the CUDA kernel (slow; the GPU suite's "float32 reference mode"). Trees of more than 128 nodes (long
+  prefill chunks) use SDPA.
 - ``"emulated"`` (tests): the packed path through the host emulation of the kernel's tiling (float32).
 - ``"auto"`` (default): the backend named by the environment variable ``SSSD_ATTENTION`` if set, else
-  ``"packed"`` when the kernel can run the model (built extension, CUDA device, fp16/bf16 weights, head
-  dim 64 or 128), else ``"sdpa"``.
+  ``"packed"`` when a kernel can run the model (the CUDA kernel: built extension, CUDA device, fp16/bf16
+  weights, head dim 64 or 128; the CPU kernel: float32 weights on a CPU), else ``"sdpa"``.
 
 Both paths first write the step's K/V into the cache rows after each request's committed rows (the
 scratch tail); ``commit`` then gathers the accepted nodes into place for all layers at once.
@@ -324,6 +326,7 @@ class ModelAdapter:
         from sssd.kernels import tree_attention as cuda_ops
 
         fits = cuda_ops.kernel_can_run(shape.device, shape.dtype, shape.head_dim)
+        fits = fits or cuda_ops.cpu_kernel_can_run(shape.device, shape.dtype)
         if attention == "auto":
             forced = os.environ.get("SSSD_ATTENTION", "auto")
             if forced not in ATTENTION_BACKENDS:

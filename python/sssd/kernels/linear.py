@@ -36,9 +36,12 @@ import torch.nn.functional as F
 log = logging.getLogger("sssd.engine")
 LINEAR_BACKENDS = ("auto", "torch", "rows", "packed")  # EngineConfig.linear
 KERNELS = ("torch", "rows", "packed")
-CALIBRATION_ROWS = (1, 2, 4, 8, 16, 32)
-CALIBRATION_BYTES = 128 << 20  # weights read per calibration pass: the first layers up to this much
-MIN_GAIN = 1.05  # another kernel replaces torch's at a row count only when this much faster there
+# row counts measured: each serves the row counts above the one before (a BLAS GEMM's speed jumps between
+# neighbouring row counts, so the points are not only powers of two)
+CALIBRATION_ROWS = (1, 2, 3, 4, 6, 8, 10, 12, 14, 16, 20, 24, 28, 32)
+CALIBRATION_BYTES = 64 << 20  # weights read per calibration pass: the first layers up to this much
+MIN_GAIN = 1.05  # sssd's kernel replaces torch's at a row count only when this much faster there
+MIN_GAIN_PACKED = 1.10  # the packed kernel, which needs a copy of the weights, only when this much faster
 
 
 def packing_available(dtype: torch.dtype, device: torch.device) -> bool:
@@ -67,38 +70,43 @@ def rows_available(dtype: torch.dtype, device: torch.device) -> bool:
 
 @dataclass
 class LinearPlan:
-    """Which kernel each row count uses (``by_rows[i]``: rows in ``(2**(i-1), 2**i]``; past the table, the
-    last entry), with the seconds per calibration pass each kernel took at each measured row count."""
+    """Which kernel each row count uses: ``choice[i]`` for rows up to ``points[i]`` (and above the one
+    before; past the last point, the last choice), with the seconds per calibration pass each kernel took
+    at each measured row count (``seconds[kernel][rows]``)."""
 
-    by_rows: list[str]
+    points: tuple[int, ...]
+    choice: list[str]
     seconds: dict[str, dict[int, float]] = field(default_factory=dict)
     layers: int = 0  # layers timed per pass
     calibration_s: float = 0.0  # the calibration's own time, preparing the kernels included
-    _table: list[int] | None = field(default=None, repr=False)
+    table: list[int] = field(default_factory=list, repr=False)  # kernel index by rows 0..points[-1]
 
-    @property
-    def table(self) -> list[int]:
-        """``by_rows`` as kernel indices into ``KERNELS`` (what ``FastLinear`` reads on every call)."""
-        if self._table is None or len(self._table) != len(self.by_rows):
-            self._table = [KERNELS.index(k) for k in self.by_rows]
-        return self._table
+    def __post_init__(self) -> None:
+        self.retable()
+
+    def retable(self) -> None:
+        """Rebuilds ``table`` (what ``FastLinear`` reads on every call) from ``points`` and ``choice``."""
+        table = [0]
+        for point, kernel in zip(self.points, self.choice, strict=True):
+            table += [KERNELS.index(kernel)] * (point - len(table) + 1)
+        self.table = table
 
     def kernel(self, rows: int) -> str:
-        i = max(int(rows) - 1, 0).bit_length()
-        return self.by_rows[min(i, len(self.by_rows) - 1)]
+        table = self.table
+        return KERNELS[table[min(max(int(rows), 0), len(table) - 1)]]
 
     @property
     def uses(self) -> set[str]:
-        return set(self.by_rows)
+        return set(self.choice)
 
     def describe(self) -> str:
         """One line: which kernel serves which rows, and its measured gain over torch's there."""
-        parts = []
-        for i, k in enumerate(self.by_rows):
-            r = 1 << i
-            base, own = self.seconds.get("torch", {}).get(r), self.seconds.get(k, {}).get(r)
+        parts, low = [], 1
+        for point, k in zip(self.points, self.choice, strict=True):
+            base, own = self.seconds.get("torch", {}).get(point), self.seconds.get(k, {}).get(point)
             gain = f" {base / own:.2f}x" if k != "torch" and base and own else ""
-            parts.append(f"{r}: {k}{gain}")
+            parts.append(f"{low if low == point else f'{low}-{point}'}: {k}{gain}")
+            low = point + 1
         return "linear kernels by rows (" + ", ".join(parts) + ")"
 
 
@@ -146,21 +154,22 @@ class FastLinear(torch.nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         params = self._parameters
         w = params["weight"]
-        shape = x.shape
-        depth = shape[-1]
+        depth = x.shape[-1]
         rows = x.numel() // depth if depth else 0
         table = self.plan.table
-        kernel = table[min(max(rows - 1, 0).bit_length(), len(table) - 1)] if rows else TORCH
-        if kernel == TORCH or x.dtype != w.dtype or x.device.type != "cpu":
+        kernel = table[rows] if rows < len(table) else table[-1]
+        if kernel == TORCH or x.dtype != w.dtype or not x.is_cpu:
             return F.linear(x, w, params["bias"])
         if kernel == ROWS:
-            wn, bn = self.array()
-            y = torch.empty(rows, wn.shape[0], dtype=x.dtype)
-            _core_linear_rows(x.reshape(rows, depth).contiguous().numpy(), wn, bn, y.numpy(), _threads())
-        else:
-            y = torch.ops.mkldnn._linear_pointwise(x.reshape(rows, depth), self.packed(), params["bias"],
-                                                   "none", [], "")  # fmt: skip
-        return y.view(*shape[:-1], y.shape[-1])
+            if self._array_from != (w.data_ptr(), w._version):
+                self.array()
+            wn, bn = self._array
+            y = torch.empty((*x.shape[:-1], wn.shape[0]), dtype=x.dtype)
+            _core_linear_rows(x.contiguous().numpy(), wn, bn, y.numpy(), _threads())
+            return y
+        y = torch.ops.mkldnn._linear_pointwise(x.reshape(rows, depth), self.packed(), params["bias"],
+                                               "none", [], "")  # fmt: skip
+        return y.view(*x.shape[:-1], y.shape[-1])
 
 
 TORCH, ROWS, PACKED = 0, 1, 2  # LinearPlan.table entries: KERNELS[i]
@@ -177,7 +186,7 @@ def _core_linear_rows(*args) -> None:
 def _pass(layers: list[FastLinear], inputs: dict[int, torch.Tensor], kernel: str) -> float:
     """One pass over ``layers`` with ``kernel`` (rows = the inputs' rows); seconds."""
     for lin in layers:
-        lin.plan = LinearPlan([kernel])
+        lin.plan = LinearPlan((1,), [kernel])
     t0 = time.perf_counter()
     for lin in layers:
         lin(inputs[lin.in_features])
@@ -195,8 +204,8 @@ def _timings(layers: list[FastLinear], kernels: list[str], repeats: int) -> dict
             for lin in layers:
                 if lin.in_features not in inputs:
                     inputs[lin.in_features] = torch.randn(r, lin.in_features).to(dtype)
-            for k in kernels:
-                _pass(layers, inputs, k)
+            if "packed" in kernels:  # oneDNN prepares a primitive on the first call of each row count
+                _pass(layers, inputs, "packed")
             times: dict[str, list[float]] = {k: [] for k in kernels}
             for _ in range(repeats):
                 for k in kernels:
@@ -209,7 +218,8 @@ def _timings(layers: list[FastLinear], kernels: list[str], repeats: int) -> dict
 def calibrate(layers: list[FastLinear], kernels: list[str], repeats: int = 2) -> LinearPlan:
     """The plan for ``layers`` (every layer of a model, in model order): time the first of them (up to
     ``CALIBRATION_BYTES`` of weights) with each of ``kernels`` at each row count, and give every row count
-    the fastest kernel at the next measured count, if it beats torch's by ``MIN_GAIN`` (else torch's)."""
+    the kernel measured fastest at the next measured count: sssd's if it beats torch's by ``MIN_GAIN``,
+    the packed one if it beats both by ``MIN_GAIN_PACKED`` (it costs a copy of the weights)."""
     t0 = time.perf_counter()
     measured, size = [], 0
     for lin in layers:
@@ -218,13 +228,15 @@ def calibrate(layers: list[FastLinear], kernels: list[str], repeats: int = 2) ->
         measured.append(lin)
         size += lin.weight.numel() * lin.weight.element_size()
     seconds = _timings(measured, kernels, repeats)
-    by_rows = []
+    choice = []
     for r in CALIBRATION_ROWS:
-        best = min(kernels, key=lambda k: seconds[k][r])
-        if best != "torch" and seconds["torch"][r] < MIN_GAIN * seconds[best][r]:
-            best = "torch"
-        by_rows.append(best)
-    return LinearPlan(by_rows, seconds, len(measured), time.perf_counter() - t0)
+        best = (
+            "rows" if "rows" in kernels and seconds["torch"][r] >= MIN_GAIN * seconds["rows"][r] else "torch"
+        )
+        if "packed" in kernels and seconds[best][r] >= MIN_GAIN_PACKED * seconds["packed"][r]:
+            best = "packed"
+        choice.append(best)
+    return LinearPlan(CALIBRATION_ROWS, choice, seconds, len(measured), time.perf_counter() - t0)
 
 
 def available_memory() -> int | None:
@@ -269,17 +281,18 @@ def fast_linears(root: torch.nn.Module, backend: str = "auto") -> LinearPlan | N
     if backend != "auto":
         if backend not in kernels:
             raise ValueError(f"linear={backend!r} cannot run {w.dtype} weights on {w.device}")
-        plan = LinearPlan(["torch", backend])
+        plan = LinearPlan((1, 2), ["torch", backend])
     else:
-        plan = LinearPlan(["torch"])
+        plan = LinearPlan((1,), ["torch"])
     layers = _replace(root, found, plan)
     if backend == "auto" and len(kernels) > 1:
         key = (tuple(tuple(m.weight.shape) for m in layers), w.dtype, torch.get_num_threads(), tuple(kernels))
         measured = _PLANS.get(key)
         if measured is None:
             measured = _PLANS[key] = calibrate(layers, kernels)
-        plan.by_rows, plan.seconds, plan._table = measured.by_rows, measured.seconds, None
+        plan.points, plan.choice, plan.seconds = measured.points, measured.choice, measured.seconds
         plan.layers, plan.calibration_s = measured.layers, measured.calibration_s
+        plan.retable()
         for lin in layers:
             lin.plan = plan
     for lin in layers:  # prepared now, so that no step pays for it
