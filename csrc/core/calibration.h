@@ -10,7 +10,15 @@
 
 namespace sssd {
 
-constexpr int32_t kNumSources = 3;  // 0 input, 1 datastore, 2 recent-outputs pool
+// Sources of draft nodes, each with its own calibration groups: 0 input, 1 datastore, 2 recent-outputs
+// pool (the retrieval sources, whose candidates come as tries); 3 recycled candidates (the verifier's own
+// top-k, core/recycled.h) and 4 a retrieval candidate rescored with them (from its retrieval p and its
+// rank among them). For 3 and 4 the match-length feature is 1 + the rank (kAbsentRank + 1: not among them).
+constexpr int32_t kNumTrieSources = 3;
+constexpr int32_t kRecycledSource = 3;
+constexpr int32_t kRescoredSource = 4;
+constexpr int32_t kAbsentRank = 63;
+constexpr int32_t kNumSources = 5;
 
 class Calibration {
  public:

@@ -1,5 +1,5 @@
-"""Slow, obviously-correct Python versions of the drafter's native selection, allocation and tree
-buffers: the test oracle. Not for production use.
+"""Slow, obviously-correct Python versions of the drafter's native selection, allocation, tree buffers
+and recycled candidates: the test oracle. Not for production use.
 """
 
 from __future__ import annotations
@@ -7,7 +7,11 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+RECYCLED, RESCORED, ABSENT_RANK = 3, 4, 63  # source ids and the rank of an absent candidate (calibration.h)
 
 
 def select_sequence(
@@ -96,3 +100,88 @@ def allocate_budget(
         taken[i] += 1
         order.append(i)
     return order
+
+
+def expand_recycled(
+    tree: dict,
+    table: dict,
+    cal_p: Callable[[int, int, int, float], float] | None,
+    *,
+    max_depth: int,
+    min_f: float,
+    max_new: int,
+    from_every_node: bool = True,
+    match_edges: Sequence[int] = (1,),
+) -> dict:
+    """The recycled candidates added to a merged tree (csrc/core/recycled.h): rescoring, then best-first
+    expansion. tree: lists ``tokens``, ``parents``, ``p``, ``f``, ``source`` (node 0 the root); table:
+    token -> (ids, probs), best first; cal_p(source, depth, match, raw) -> p (None: p = raw); match_edges:
+    the calibration's match-length buckets (for the bound on a new candidate's p). Returns the tree's
+    lists, with ``depth``, ``raw``, ``match_len`` and ``source_mask`` added."""
+    t = {k: list(tree[k]) for k in ("tokens", "parents", "p", "f", "source")}
+    n = len(t["tokens"])
+    t["depth"] = [0] * n
+    for v in range(1, n):
+        t["depth"][v] = t["depth"][t["parents"][v]] + 1
+    t["raw"], t["match_len"], t["source_mask"] = [1.0] + [0.0] * (n - 1), [0] * n, [0] * n  # the root: raw 1
+    if max_new <= 0 or max_depth < 1:
+        return t
+    kids = {}
+    for v in range(1, n):
+        kids[(t["parents"][v], t["tokens"][v])] = v  # the latest child with a token is the one found
+
+    def cal(source: int, depth: int, match: int, raw: float) -> float:
+        return float(np.float32(raw if cal_p is None else cal_p(source, depth, match, raw)))
+
+    for v in range(1, n):  # 1. rescoring
+        u = t["parents"][v]
+        ids = table.get(t["tokens"][u], ((), ()))[0]
+        if 0 <= t["source"][v] < RECYCLED and len(ids):
+            j = list(ids).index(t["tokens"][v]) if t["tokens"][v] in list(ids) else None
+            match = j + 1 if j is not None else ABSENT_RANK + 1
+            t["raw"][v] = t["p"][v]
+            t["p"][v] = cal(RESCORED, t["depth"][v], match, t["p"][v])
+            t["source"][v], t["match_len"][v] = RESCORED, match
+            t["source_mask"][v] |= (1 << RECYCLED) if j is not None else 0
+        t["f"][v] = t["f"][u] * t["p"][v]
+    rest = sorted(t["f"][1:], reverse=True)
+    floor = max(min_f, rest[max_new - 1] if max_new > 0 and len(rest) >= max_new else 0.0)
+    bound = [1.0] + [
+        1.0 if cal_p is None else max(cal(RECYCLED, d, max(m, 1), 1.0) for m in match_edges)
+        for d in range(1, max_depth + 1)
+    ]
+
+    def good(f: float) -> bool:
+        return f >= min_f and f > floor
+
+    heap: list[tuple[float, int, int]] = []
+
+    def push_all(v: int) -> None:  # 2. candidates after v: (-f, node, rank), larger f first
+        d = t["depth"][v] + 1
+        if d > max_depth or not good(t["f"][v] * bound[d]):
+            return
+        ids, probs = table.get(t["tokens"][v], ((), ()))
+        for j in range(len(ids)):
+            f = t["f"][v] * cal(RECYCLED, d, j + 1, float(probs[j]))
+            if good(f) and (v, int(ids[j])) not in kids:
+                heapq.heappush(heap, (-f, v, j))
+
+    for v in range(n if from_every_node else 1):
+        push_all(v)
+    added = 0
+    while heap and added < max_new:
+        neg_f, u, j = heapq.heappop(heap)
+        ids, probs = table[t["tokens"][u]]
+        if (u, int(ids[j])) in kids:
+            continue
+        v = len(t["tokens"])
+        kids[(u, int(ids[j]))] = v
+        added += 1
+        d = t["depth"][u] + 1
+        for key, val in (("tokens", int(ids[j])), ("parents", u), ("depth", d), ("source", RECYCLED),
+                         ("raw", float(probs[j])), ("match_len", j + 1),
+                         ("p", cal(RECYCLED, d, j + 1, float(probs[j]))), ("source_mask", 1 << RECYCLED),
+                         ("f", -neg_f)):  # fmt: skip
+            t[key].append(val)
+        push_all(v)
+    return t

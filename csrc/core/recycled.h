@@ -1,0 +1,90 @@
+// The recycled-candidates source: the verifier's own top-k, kept instead of discarded (Token Recycling,
+// Luo et al., ACL 2025). Every verification computes the model's distribution at the nodes it walks; the
+// table keeps, for every token, the model's top-k the last time it read that token (next[token]). Drafting
+// reads it as a first-order guess of what follows any node's token, and adds the best guesses to the
+// fused tree, scored like the other sources by a calibrated probability (by depth and rank).
+//
+// One table per drafter, shared by its requests and kept across them: what the model predicts after a
+// token carries over between texts (that is where the source's value comes from, a cold table per
+// request would relearn it every time), and one vocabulary-sized table costs what a per-request one would
+// cost per request.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/calibration.h"
+#include "core/draft_tree.h"
+
+namespace sssd {
+
+constexpr int32_t kMaxRecycledK = 32;           // candidates per token at most (top-k of the model)
+constexpr uint64_t kMaxUnsizedRows = 1u << 20;  // rows a table without a vocabulary size may grow to
+
+class RecycledTable {
+ public:
+  // k: candidates kept per token, in [1, kMaxRecycledK]. vocab: the model's vocabulary (tokens at or past
+  // it are never recorded); 0: unknown, the table grows to the largest token recorded, at most
+  // kMaxUnsizedRows rows (larger tokens are not recorded). Memory: rows x k x 8 bytes, allocated as
+  // tokens are recorded.
+  RecycledTable(int32_t k, uint64_t vocab);
+
+  int32_t k() const { return k_; }
+  // Row i of ids / probs ([n, width] row-major, best first) becomes the row of tokens[i] (a later row of
+  // the same token wins); the first min(width, k) columns are kept. The caller has checked the values
+  // (tokens and ids >= 0 and in the vocabulary, probs in [0, 1]).
+  void update(const int32_t* tokens, int64_t n, const int32_t* ids, const float* probs, int32_t width);
+  // The candidates recorded after token t: their number (0: none), and pointers to them, best first.
+  int32_t lookup(int32_t t, const int32_t** ids, const float** probs) const {
+    const auto row = static_cast<uint64_t>(t);
+    if (t < 0 || row >= count_.size() || count_[row] == 0) return 0;
+    *ids = ids_.data() + row * static_cast<uint64_t>(k_);
+    *probs = probs_.data() + row * static_cast<uint64_t>(k_);
+    return count_[row];
+  }
+  int64_t rows_recorded() const { return recorded_; }
+  void clear();
+
+ private:
+  int32_t k_;
+  uint64_t max_rows_;
+  std::vector<int32_t> ids_;    // [rows * k]
+  std::vector<float> probs_;    // [rows * k]
+  std::vector<uint8_t> count_;  // [rows] candidates recorded (0: never)
+  int64_t recorded_ = 0;        // rows with a record
+};
+
+struct RecycleParams {
+  int32_t max_depth = 8;          // no candidate deeper than this
+  double min_f = 1e-4;            // nor with a smaller f estimate
+  int32_t max_new = 0;            // new nodes added at most (the tree's budget: more are never selected)
+  bool from_every_node = true;    // false: below the root and recycled nodes only (a subtree of its own)
+};
+
+// Reusable buffers of expand_recycled (one per thread).
+struct RecycleScratch {
+  struct Edge {
+    double f;      // f estimate of the candidate
+    int32_t node;  // the tree node it hangs below
+    int32_t rank;  // its rank in the row of the node's token
+  };
+  std::vector<Edge> heap;
+  std::vector<double> f_sorted;
+  std::vector<float> bound;  // [max_depth + 1] largest calibrated p of a candidate at each depth
+};
+
+// Adds the recycled candidates to a merged tree (fuse_merge's output, before fuse_finish):
+// 1. Rescoring: a retrieval node whose parent's token has a row is scored again with what the model's own
+//    ranking says of it, p = cal(kRescoredSource, depth, 1 + its rank in the row (kAbsentRank + 1 when
+//    absent), its retrieval p): agreement says more than either source alone, disagreement less. It
+//    becomes a kRescoredSource node (raw = the retrieval p). The f estimates follow.
+// 2. Expansion: new nodes, best first by the f estimate f(v) * p, where the candidate of rank j after node
+//    v (a token v has no child for yet) has p = cal(kRecycledSource, depth(v) + 1, j + 1, its recorded
+//    probability). Only candidates with f >= min_f and above the max_new-th largest f in the tree count
+//    (best-first selection of max_new nodes never reaches the others); at most max_new new nodes, for
+//    which the tree must have room. New nodes get candidates in turn; from_every_node: every node of the
+//    merged tree does, else the root only.
+// Without a calibration p = the raw score (rescoring changes nothing).
+void expand_recycled(const RecycledTable& table, const Calibration* cal, const RecycleParams& params,
+                     CandidateTree& tree, RecycleScratch& s);
+
+}  // namespace sssd
