@@ -54,11 +54,12 @@ class _Walk:
 
 
 def verify_step(
-    output: Any, trees: list[tuple[Any, np.ndarray]], reqs: list[Any]
+    output: Any, trees: list[tuple[Any, np.ndarray]], reqs: list[Any], top_k: Any = None
 ) -> tuple[list[np.ndarray], list[int]]:
     """output: the forward's ``StepOutput`` (rows packed in tree order); trees: ``(Tree, kept batch
     indices)`` per request, checked by ``sssd.engine.trees.check_drafts`` (a ``DraftTree`` with ``q``
-    is verified by SpecInfer when its request samples).
+    is verified by SpecInfer when its request samples); top_k: a ``sssd.engine.recycle.TopKRecorder``
+    that keeps the top-k of every row read (None: none kept).
 
     Returns the accepted path (root first) and the bonus token of every request.
     """
@@ -77,6 +78,8 @@ def verify_step(
                 output.prefetch(below)
                 fetched = True
         logits = output.logits(rows)  # [k, V]
+        if top_k is not None:
+            top_k.add([int(walks[i].tree.tokens[walks[i].node]) for i in active], logits)
         argmax = logits.argmax(dim=-1).tolist() if any(walks[i].req.params.greedy for i in active) else None
         active = [
             i
