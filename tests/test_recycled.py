@@ -13,8 +13,8 @@ OPTS = {"max_depth": 8, "min_f": 1e-4, "max_new": 16, "from_every_node": True}
 
 
 def padded(table):
-    """Every row as long as the longest: shorter ones repeat their last candidate (a token that is
-    already a child is never added again, so only its other rank's p differs)."""
+    """Every row as long as the longest: shorter ones repeat their last candidate (a repeated token is
+    kept once, at its first rank)."""
     k = max((len(ids) for ids, _ in table.values()), default=1)
     return {
         t: (list(i) + [i[-1]] * (k - len(i)), list(p) + [p[-1]] * (k - len(p))) for t, (i, p) in table.items()
@@ -89,8 +89,9 @@ def test_floor_keeps_out_what_selection_would_never_reach():
     table = {5: ([1, 2], [0.5, 0.4])}
     out = native(tree, table, max_new=2)  # the 2nd largest f is 0.8: 0.5 and 0.4 never make the cut
     assert out["tokens"] == [5, 7, 6]
-    out = native(tree, table, max_new=3)
-    assert out["tokens"] == [5, 7, 6, 1, 2]
+    out = native(tree, table, max_new=3)  # 1 (f 0.5) makes the three best: then 2 (0.4) does not
+    assert out["tokens"] == [5, 7, 6, 1]
+    assert native(tree, table, max_new=4)["tokens"] == [5, 7, 6, 1, 2]
 
 
 def test_from_the_root_only():

@@ -88,3 +88,20 @@ def test_top_k_rows_must_fit_the_pairs():
         top.bind([Pair.make([1], [3, 4])])
     with pytest.raises(ValueError, match="offsets"):
         TeacherTopK(np.zeros((3, 2), np.int32), np.zeros((3, 2), np.float32), np.asarray([0, 2]))
+
+
+def test_take_picks_pairs_rows():
+    ids = np.arange(12, dtype=np.int32).reshape(6, 2)
+    top = TeacherTopK(ids, np.full((6, 2), 0.5, np.float32), np.asarray([0, 1, 4, 6]))
+    sub = top.take([2, 0])
+    assert sub.offsets.tolist() == [0, 2, 3]
+    assert sub.ids.tolist() == [[8, 9], [10, 11], [0, 1]]
+
+
+def test_argmax_from_the_top_k_is_the_argmax():
+    rec = TopKRecorder(3)
+    logits = torch.tensor([[0.0, 2.0, 1.0, 2.0], [5.0, 1.0, 4.0, 0.0], [float("nan"), 1.0, 0.0, 0.0]])
+    for rows in ([1], [0, 1], [0, 1, 2]):  # a tie (row 0) and NaN (row 2) take the argmax itself
+        assert rec.add([7] * len(rows), logits[rows], True) == logits[rows].argmax(-1).tolist()
+    assert rec.add([7], logits[[1]], False) is None
+    assert TopKRecorder(1).add([7], logits[[1]], True) == [0]

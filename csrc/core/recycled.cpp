@@ -1,6 +1,7 @@
 #include "core/recycled.h"
 
 #include <algorithm>
+#include <functional>
 #include <stdexcept>
 #include <string>
 
@@ -31,9 +32,18 @@ void RecycledTable::update(const int32_t* tokens, int64_t n, const int32_t* ids,
     const auto row = static_cast<uint64_t>(tokens[i]);
     if (tokens[i] < 0 || row >= count_.size()) continue;
     recorded_ += count_[row] == 0;
-    count_[row] = static_cast<uint8_t>(w);
-    std::copy_n(ids + i * width, w, ids_.data() + row * static_cast<uint64_t>(k_));
-    std::copy_n(probs + i * width, w, probs_.data() + row * static_cast<uint64_t>(k_));
+    // A token repeated in a row is kept once (its first, best rank): then the tokens of a row are
+    // distinct and a rank names one candidate, which the expansion relies on.
+    int32_t* out_ids = ids_.data() + row * static_cast<uint64_t>(k_);
+    float* out_probs = probs_.data() + row * static_cast<uint64_t>(k_);
+    int32_t kept = 0;
+    for (int32_t j = 0; j < w; ++j) {
+      const int32_t id = ids[i * width + j];
+      if (std::find(out_ids, out_ids + kept, id) != out_ids + kept) continue;
+      out_ids[kept] = id;
+      out_probs[kept++] = probs[i * width + j];
+    }
+    count_[row] = static_cast<uint8_t>(kept);
   }
 }
 
@@ -66,16 +76,15 @@ void depth_bounds(const Calibration* cal, int32_t max_depth, std::vector<float>&
   }
 }
 
-// The max_new-th largest f among the tree's non-root nodes (0 when there are fewer).
-double cap_threshold(const CandidateTree& t, int32_t max_new, std::vector<double>& f) {
-  const int32_t n = t.size() - 1;
-  if (max_new <= 0 || n < max_new) return 0.0;
-  f.assign(t.f.begin() + 1, t.f.begin() + 1 + n);
-  std::nth_element(f.begin(), f.begin() + (max_new - 1), f.end(), [](double a, double b) { return a > b; });
-  return f[static_cast<size_t>(max_new - 1)];
+// The max_new-th largest of f[1 .. n) (0 when there are fewer), with `scratch` as room.
+double nth_largest(const std::vector<double>& f, int32_t n, int32_t max_new, std::vector<double>& scratch) {
+  if (max_new <= 0 || n - 1 < max_new) return 0.0;
+  scratch.assign(f.begin() + 1, f.begin() + n);
+  std::nth_element(scratch.begin(), scratch.begin() + (max_new - 1), scratch.end(), std::greater<double>());
+  return scratch[static_cast<size_t>(max_new - 1)];
 }
 
-// One expansion: the tree, the table and the heap of candidate edges (node, rank).
+// One expansion: the tree, the table, the heap of candidate edges (node, rank) and the floor.
 class Expander {
  public:
   Expander(const RecycledTable& table, const Calibration* cal, const RecycleParams& params, CandidateTree& t,
@@ -83,37 +92,51 @@ class Expander {
       : table_(table), cal_(cal), params_(params), t_(t), s_(s) {
     depth_bounds(cal, params.max_depth, s.bound);
     s.heap.clear();
+    s.taken.assign(static_cast<size_t>(t.size() + params.max_new), 0);
   }
 
   void run() {
-    rescore();
-    floor_ = std::max(params_.min_f, cap_threshold(t_, params_.max_new, s_.f_sorted));
-    for (int32_t v = 0, n = params_.from_every_node ? t_.size() : 1; v < n; ++v) push_all(v);
+    rescore(kRelevance * nth_largest(t_.f, t_.size(), params_.max_new, s_.best));
+    init_best();
+    push_next(0, 0);
+    if (params_.from_every_node) {
+      for (int32_t v : s_.relevant) push_next(v, 0);
+    }
     while (!s_.heap.empty() && added_ < params_.max_new) {
       std::pop_heap(s_.heap.begin(), s_.heap.end(), after);
       const Edge e = s_.heap.back();
       s_.heap.pop_back();
+      if (!good(e.f)) break;  // the floor rose past it, and past every edge left (none has a larger f)
       take(e);
     }
   }
 
  private:
+  // Nodes whose f is below this share of the max_new-th largest are left as they are: rescoring could
+  // not lift one of them into the selection (the largest gain of agreement is far smaller), and a tree
+  // holds hundreds of them (every source's continuations down to min_f).
+  static constexpr double kRelevance = 0.25;
+  static constexpr uint64_t kMasked = uint64_t{1} << 63;  // taken[v]: the children's ranks are in
+
   float p_of(int32_t source, int32_t depth, int32_t match, float raw) const {
     return cal_ != nullptr ? cal_->apply(source, depth, match, raw) : raw;
   }
   bool good(double f) const { return f >= params_.min_f && f > floor_; }
 
-  // Every retrieval node whose parent's token has a row gets p = cal(kRescoredSource, depth, 1 + its rank
-  // in the row (kAbsentRank + 1 when absent), its retrieval p); then f estimates follow (parents first).
-  void rescore() {
+  // Every relevant retrieval node (f >= relevant) whose parent's token has a row gets p =
+  // cal(kRescoredSource, depth, 1 + its rank in the row (kAbsentRank + 1 when absent), its retrieval
+  // p); then its f estimate follows (parents first). The relevant nodes are listed in s_.relevant.
+  void rescore(double relevant) {
+    s_.relevant.clear();
     const int32_t* ids = nullptr;
     const float* probs = nullptr;
     for (int32_t v = 1; v < t_.size(); ++v) {
+      if (t_.f[v] < relevant) continue;
+      s_.relevant.push_back(v);
       const int32_t u = t_.parents[v];
-      const int32_t count = t_.source[v] >= 0 && t_.source[v] < kNumTrieSources ? table_.lookup(t_.tokens[u], &ids, &probs) : 0;
-      if (count > 0) {
-        int32_t j = 0;
-        while (j < count && ids[j] != t_.tokens[v]) ++j;
+      const int32_t count = table_.lookup(t_.tokens[u], &ids, &probs);
+      if (count > 0 && t_.source[v] >= 0 && t_.source[v] < kNumTrieSources) {
+        const auto j = static_cast<int32_t>(std::find(ids, ids + count, t_.tokens[v]) - ids);
         const int32_t match = j < count ? j + 1 : kAbsentRank + 1;
         t_.raw[v] = t_.p[v];
         t_.p[v] = p_of(kRescoredSource, t_.depth[v], match, t_.p[v]);
@@ -125,20 +148,56 @@ class Expander {
     }
   }
 
-  // Pushes every new candidate after node v that could make the cut (a token v already has as a child
-  // was rescored instead).
-  void push_all(int32_t v) {
+  // s_.best: a min-heap of the max_new largest f among the relevant nodes and the new ones; a candidate
+  // at or below the smallest of them would never be among the max_new nodes selection takes.
+  void init_best() {
+    auto& b = s_.best;
+    b.clear();
+    for (int32_t v : s_.relevant) b.push_back(t_.f[v]);
+    const auto keep = static_cast<size_t>(params_.max_new);
+    if (b.size() > keep) {
+      std::nth_element(b.begin(), b.begin() + (keep - 1), b.end(), std::greater<double>());
+      b.resize(keep);
+    }
+    std::make_heap(b.begin(), b.end(), std::greater<double>());
+    if (b.size() == keep) floor_ = b.front();
+  }
+  void keep_best(double f) {
+    auto& b = s_.best;
+    if (static_cast<int32_t>(b.size()) < params_.max_new) {
+      b.push_back(f);
+      std::push_heap(b.begin(), b.end(), std::greater<double>());
+    } else if (f > b.front()) {
+      std::pop_heap(b.begin(), b.end(), std::greater<double>());
+      b.back() = f;
+      std::push_heap(b.begin(), b.end(), std::greater<double>());
+    }
+    if (static_cast<int32_t>(b.size()) == params_.max_new) floor_ = std::max(floor_, b.front());
+  }
+
+  // Pushes the first candidate after node v from rank j on that v has no child for yet (a token it has
+  // was rescored instead), when it could make the cut. Ranks come one at a time: the next is pushed when
+  // this one is taken, so a node's weak candidates cost nothing until its strong ones are in.
+  void push_next(int32_t v, int32_t j) {
     const int32_t d = t_.depth[v] + 1;
     if (d > params_.max_depth || !good(t_.f[v] * s_.bound[static_cast<size_t>(d)])) return;
     const int32_t* ids = nullptr;
     const float* probs = nullptr;
     const int32_t count = table_.lookup(t_.tokens[v], &ids, &probs);
-    for (int32_t j = 0; j < count; ++j) {
-      const double f = t_.f[v] * static_cast<double>(p_of(kRecycledSource, d, j + 1, probs[j]));
-      if (good(f) && t_.find_child(v, ids[j]) < 0) {
-        s_.heap.push_back({f, v, j});
-        std::push_heap(s_.heap.begin(), s_.heap.end(), after);
+    uint64_t& taken = s_.taken[static_cast<size_t>(v)];
+    if (count > 0 && !(taken & kMasked)) {  // the ranks of v's children, once
+      for (int32_t c = t_.first_child[v]; c >= 0; c = t_.next_sibling[c]) {
+        const auto r = static_cast<int32_t>(std::find(ids, ids + count, t_.tokens[c]) - ids);
+        if (r < count) taken |= uint64_t{1} << r;
       }
+      taken |= kMasked;
+    }
+    while (j < count && (taken >> j & 1u) != 0) ++j;
+    if (j >= count) return;
+    const double f = t_.f[v] * static_cast<double>(p_of(kRecycledSource, d, j + 1, probs[j]));
+    if (good(f)) {
+      s_.heap.push_back({f, v, j});
+      std::push_heap(s_.heap.begin(), s_.heap.end(), after);
     }
   }
 
@@ -146,8 +205,10 @@ class Expander {
     const int32_t* ids = nullptr;
     const float* probs = nullptr;
     table_.lookup(t_.tokens[e.node], &ids, &probs);
-    if (t_.find_child(e.node, ids[e.rank]) >= 0) return;  // duplicate ids in a row
+    s_.taken[static_cast<size_t>(e.node)] |= uint64_t{1} << e.rank;
+    push_next(e.node, e.rank + 1);
     const int32_t v = t_.new_child(e.node, ids[e.rank]);
+    s_.taken[static_cast<size_t>(v)] = kMasked;  // no children
     ++added_;
     t_.source[v] = static_cast<int8_t>(kRecycledSource);
     t_.raw[v] = probs[e.rank];
@@ -155,7 +216,8 @@ class Expander {
     t_.p[v] = p_of(kRecycledSource, t_.depth[v], e.rank + 1, probs[e.rank]);
     t_.source_mask[v] = static_cast<uint8_t>(1u << kRecycledSource);
     t_.f[v] = e.f;
-    push_all(v);
+    keep_best(e.f);
+    push_next(v, 0);
   }
 
   const RecycledTable& table_;

@@ -30,7 +30,7 @@ class RecycledTable {
 
   int32_t k() const { return k_; }
   // Row i of ids / probs ([n, width] row-major, best first) becomes the row of tokens[i] (a later row of
-  // the same token wins); the first min(width, k) columns are kept. The caller has checked the values
+  // the same token wins); the first min(width, k) columns are kept, a repeated id once (its best rank). The caller has checked the values
   // (tokens and ids >= 0 and in the vocabulary, probs in [0, 1]).
   void update(const int32_t* tokens, int64_t n, const int32_t* ids, const float* probs, int32_t width);
   // The candidates recorded after token t: their number (0: none), and pointers to them, best first.
@@ -68,7 +68,9 @@ struct RecycleScratch {
     int32_t rank;  // its rank in the row of the node's token
   };
   std::vector<Edge> heap;
-  std::vector<double> f_sorted;
+  std::vector<double> best;      // min-heap of the max_new largest f in the tree
+  std::vector<uint64_t> taken;   // [tree nodes] bit j: the node has its rank-j candidate as a child
+  std::vector<int32_t> relevant;  // the nodes rescored
   std::vector<float> bound;  // [max_depth + 1] largest calibrated p of a candidate at each depth
 };
 
@@ -76,13 +78,16 @@ struct RecycleScratch {
 // 1. Rescoring: a retrieval node whose parent's token has a row is scored again with what the model's own
 //    ranking says of it, p = cal(kRescoredSource, depth, 1 + its rank in the row (kAbsentRank + 1 when
 //    absent), its retrieval p): agreement says more than either source alone, disagreement less. It
-//    becomes a kRescoredSource node (raw = the retrieval p). The f estimates follow.
+//    becomes a kRescoredSource node (raw = the retrieval p), and its f estimate follows. Only the
+//    relevant nodes are: f at least a quarter of the max_new-th largest f (the others, most of a
+//    tree, could not reach the selection); the others keep their scores.
 // 2. Expansion: new nodes, best first by the f estimate f(v) * p, where the candidate of rank j after node
 //    v (a token v has no child for yet) has p = cal(kRecycledSource, depth(v) + 1, j + 1, its recorded
-//    probability). Only candidates with f >= min_f and above the max_new-th largest f in the tree count
-//    (best-first selection of max_new nodes never reaches the others); at most max_new new nodes, for
-//    which the tree must have room. New nodes get candidates in turn; from_every_node: every node of the
-//    merged tree does, else the root only.
+//    probability). Only candidates with f >= min_f and above the max_new-th largest f in the tree
+//    (new nodes included, so this floor rises as they come) count: best-first selection of max_new
+//    nodes never reaches the others. A node's candidates are taken in rank order (the next rank is
+//    considered when one is taken). At most max_new new nodes, for which the tree must have room; new
+//    nodes get candidates in turn. from_every_node: every relevant node does too, else the root only.
 // Without a calibration p = the raw score (rescoring changes nothing).
 void expand_recycled(const RecycledTable& table, const Calibration* cal, const RecycleParams& params,
                      CandidateTree& tree, RecycleScratch& s);

@@ -72,8 +72,11 @@ TEST(recycled_expansion_rescores_and_adds) {
   CHECK_EQ(t.match_len[1], 1);
   CHECK_EQ(t.source[2], sssd::kRescoredSource);  // 6: absent
   CHECK_EQ(t.match_len[2], sssd::kAbsentRank + 1);
-  // new: 9 and 3 after 7 (f 0.25 each), 8 after 5 (f 0.25): three new nodes, no more candidates
-  CHECK_EQ(t.size(), 6);
+  // new, best first: 8 after 5 (f 0.25, the lower node first), then 9 after 7 (0.25); four nodes are
+  // then at f >= 0.25, so 3 after 7 (0.25) would never be among the best four
+  CHECK_EQ(t.size(), 5);
+  CHECK_EQ(t.tokens[3], 8);
+  CHECK_EQ(t.tokens[4], 9);
   for (int32_t v = 3; v < t.size(); ++v) {
     CHECK_EQ(t.source[v], sssd::kRecycledSource);
     CHECK(t.f[v] == 0.25);

@@ -118,6 +118,13 @@ def expand_recycled(
     token -> (ids, probs), best first; cal_p(source, depth, match, raw) -> p (None: p = raw); match_edges:
     the calibration's match-length buckets (for the bound on a new candidate's p). Returns the tree's
     lists, with ``depth``, ``raw``, ``match_len`` and ``source_mask`` added."""
+    rows = {}
+    for tok, (ids, probs) in table.items():  # a token repeated in a row is kept once, at its best rank
+        first = {}
+        for i, p in zip(ids, probs, strict=True):
+            first.setdefault(int(i), float(p))
+        rows[tok] = (list(first), list(first.values()))
+    table = rows
     t = {k: list(tree[k]) for k in ("tokens", "parents", "p", "f", "source")}
     n = len(t["tokens"])
     t["depth"] = [0] * n
@@ -133,7 +140,10 @@ def expand_recycled(
     def cal(source: int, depth: int, match: int, raw: float) -> float:
         return float(np.float32(raw if cal_p is None else cal_p(source, depth, match, raw)))
 
-    for v in range(1, n):  # 1. rescoring
+    rest = sorted(t["f"][1:], reverse=True)
+    relevant_f = 0.25 * (rest[max_new - 1] if len(rest) >= max_new else 0.0)
+    relevant = [v for v in range(1, n) if t["f"][v] >= relevant_f]  # pre-rescoring f, parents first
+    for v in relevant:  # 1. rescoring
         u = t["parents"][v]
         ids = table.get(t["tokens"][u], ((), ()))[0]
         if 0 <= t["source"][v] < RECYCLED and len(ids):
@@ -144,34 +154,49 @@ def expand_recycled(
             t["source"][v], t["match_len"][v] = RESCORED, match
             t["source_mask"][v] |= (1 << RECYCLED) if j is not None else 0
         t["f"][v] = t["f"][u] * t["p"][v]
-    rest = sorted(t["f"][1:], reverse=True)
-    floor = max(min_f, rest[max_new - 1] if max_new > 0 and len(rest) >= max_new else 0.0)
+    best: list[float] = []  # the max_new largest f (a min-heap); the floor only rises
+    floor = [0.0]
+
+    def keep_best(f: float) -> None:
+        if len(best) < max_new:
+            heapq.heappush(best, f)
+        elif f > best[0]:
+            heapq.heapreplace(best, f)
+        if len(best) == max_new:
+            floor[0] = max(floor[0], best[0])
+
+    def good(f: float) -> bool:
+        return f >= min_f and f > floor[0]
+
+    for v in relevant:
+        keep_best(t["f"][v])
     bound = [1.0] + [
         1.0 if cal_p is None else max(cal(RECYCLED, d, max(m, 1), 1.0) for m in match_edges)
         for d in range(1, max_depth + 1)
     ]
+    heap: list[tuple[float, int, int]] = []  # (-f, node, rank): the larger f first
 
-    def good(f: float) -> bool:
-        return f >= min_f and f > floor
-
-    heap: list[tuple[float, int, int]] = []
-
-    def push_all(v: int) -> None:  # 2. candidates after v: (-f, node, rank), larger f first
+    def push_next(v: int, j: int) -> None:  # 2. the first candidate after v from rank j not a child yet
         d = t["depth"][v] + 1
         if d > max_depth or not good(t["f"][v] * bound[d]):
             return
         ids, probs = table.get(t["tokens"][v], ((), ()))
-        for j in range(len(ids)):
+        while j < len(ids) and (v, int(ids[j])) in kids:
+            j += 1
+        if j < len(ids):
             f = t["f"][v] * cal(RECYCLED, d, j + 1, float(probs[j]))
-            if good(f) and (v, int(ids[j])) not in kids:
+            if good(f):
                 heapq.heappush(heap, (-f, v, j))
 
-    for v in range(n if from_every_node else 1):
-        push_all(v)
+    for v in [0, *relevant] if from_every_node else [0]:
+        push_next(v, 0)
     added = 0
     while heap and added < max_new:
         neg_f, u, j = heapq.heappop(heap)
+        if not good(-neg_f):
+            break
         ids, probs = table[t["tokens"][u]]
+        push_next(u, j + 1)
         if (u, int(ids[j])) in kids:
             continue
         v = len(t["tokens"])
@@ -183,5 +208,6 @@ def expand_recycled(
                          ("p", cal(RECYCLED, d, j + 1, float(probs[j]))), ("source_mask", 1 << RECYCLED),
                          ("f", -neg_f)):  # fmt: skip
             t[key].append(val)
-        push_all(v)
+        keep_best(-neg_f)
+        push_next(v, 0)
     return t

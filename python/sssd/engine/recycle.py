@@ -33,13 +33,21 @@ class TopKRecorder:
             return None
         return cls(k)
 
-    def add(self, tokens: list[int], logits: torch.Tensor) -> None:
-        """tokens [r]: the token read at each row; logits [r, vocab] of those rows."""
+    def add(self, tokens: list[int], logits: torch.Tensor, want_argmax: bool = False) -> list[int] | None:
+        """tokens [r]: the token read at each row; logits [r, vocab] of those rows. With want_argmax,
+        returns ``logits.argmax(-1)`` as a list: read off the top-k when every row's largest logit is
+        unique (then it is the argmax; ties and NaN take the argmax itself), which saves verification a
+        pass over the vocabulary."""
         k = min(self.k, int(logits.shape[-1]))
         values, ids = torch.topk(logits, k, dim=-1)
         self._tokens.extend(tokens)
         self._ids.append(ids)
         self._logits.append(values)
+        if not want_argmax:
+            return None
+        if k >= 2 and bool((values[:, 0] > values[:, 1]).all()):
+            return ids[:, 0].tolist()
+        return logits.argmax(dim=-1).tolist()
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(tokens [n] int32, ids [n, k] int32, probs [n, k] float32): ``drafter.recycle``'s arguments."""

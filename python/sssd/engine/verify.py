@@ -78,9 +78,11 @@ def verify_step(
                 output.prefetch(below)
                 fetched = True
         logits = output.logits(rows)  # [k, V]
-        if top_k is not None:
-            top_k.add([int(walks[i].tree.tokens[walks[i].node]) for i in active], logits)
-        argmax = logits.argmax(dim=-1).tolist() if any(walks[i].req.params.greedy for i in active) else None
+        greedy = any(walks[i].req.params.greedy for i in active)
+        if top_k is not None:  # the argmax comes with the top-k where the largest logit is unique
+            argmax = top_k.add([int(walks[i].tree.tokens[walks[i].node]) for i in active], logits, greedy)
+        else:
+            argmax = logits.argmax(dim=-1).tolist() if greedy else None
         active = [
             i
             for j, i in enumerate(active)

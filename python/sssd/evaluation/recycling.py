@@ -39,6 +39,15 @@ class TeacherTopK:
     def k(self) -> int:
         return int(self.ids.shape[1])
 
+    def take(self, index: Sequence[int]) -> TeacherTopK:
+        """The rows of the pairs at positions ``index`` (of the pairs it was computed for), in that order."""
+        index = np.asarray(index, dtype=np.int64)
+        lens = self.offsets[index + 1] - self.offsets[index]
+        starts = np.repeat(self.offsets[index] - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))
+        offsets = np.zeros(index.size + 1, np.int64)
+        np.cumsum(lens, out=offsets[1:])
+        return TeacherTopK(self.ids[starts], self.probs[starts], offsets)
+
     def bind(self, pairs: Sequence[Pair]) -> _BoundTopK:
         """The rows of ``pairs`` (the ones the top-k was computed for, in order), ready for replay."""
         lens = np.fromiter((p.output_ids.size for p in pairs), dtype=np.int64, count=len(pairs))
