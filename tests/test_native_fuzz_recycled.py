@@ -32,6 +32,12 @@ def test_expand_recycled(tree, rows, data):
         "max_new": data.draw(ints(-1, 40)),
         "from_every_node": data.draw(st.one_of(st.booleans(), JUNK)),
     }
+    if data.draw(st.booleans()):  # the pair rows: the token before each row's, the root's, the slots
+        n_rows = len(rows[0]) if isinstance(rows[0], np.ndarray) and rows[0].ndim == 1 else 0
+        fit = np.asarray(data.draw(st.lists(st.integers(-1, 60), min_size=n_rows, max_size=n_rows)), np.int32)
+        opts["prev"] = data.draw(st.one_of(st.just(fit), arrays(), JUNK))
+        opts["root_prev"] = data.draw(st.one_of(ints(-2, 70), JUNK))
+        opts["pair_slots"] = data.draw(st.sampled_from([0, 1, 3, 1 << 10, -1, 1 << 25]))
     cal = data.draw(st.sampled_from([None, _core.Calibration([1, 2], [1, 3], 3), "junk"]))
     out = call(_core.expand_recycled, arrays_in, *rows, opts, cal)
     if out is None:

@@ -21,15 +21,18 @@ def padded(table):
     }
 
 
-def native(tree, table, cal=None, **opts):
-    """The native expansion of ``tree`` (lists) with ``table`` (token -> (ids, probs), padded)."""
-    table = padded(table)
-    keys = sorted(table)
-    k = max((len(table[t][0]) for t in keys), default=1)
-    ids = np.zeros((len(keys), k), np.int32)
-    probs = np.zeros((len(keys), k), np.float32)
-    for i, t in enumerate(keys):
-        ids[i], probs[i] = table[t]
+def native(tree, table, cal=None, pairs=None, **opts):
+    """The native expansion of ``tree`` (lists) with ``table`` (token -> (ids, probs), padded) and
+    ``pairs`` ((previous token, token) -> (ids, probs), padded to the same width): the pair rows are
+    recorded first, so the table's rows are the tokens' own."""
+    pairs = pairs or {}
+    rows = list(padded({**{("pair", *key): r for key, r in pairs.items()}, **table}).items())
+    rows = [((k[1], k[2]) if isinstance(k, tuple) else (-1, k), r) for k, r in rows]
+    k = max((len(r[0]) for _, r in rows), default=1)
+    ids = np.zeros((len(rows), k), np.int32)
+    probs = np.zeros((len(rows), k), np.float32)
+    for i, (_, r) in enumerate(rows):
+        ids[i], probs[i] = r
     arrays = {
         "tokens": np.asarray(tree["tokens"], np.int32),
         "parents": np.asarray(tree["parents"], np.int32),
@@ -37,8 +40,21 @@ def native(tree, table, cal=None, **opts):
         "f": np.asarray(tree["f"], np.float64),
         "source": np.asarray(tree["source"], np.int8),
     }
-    out = _core.expand_recycled(arrays, np.asarray(keys, np.int32), ids, probs, {**OPTS, **opts}, cal)
+    keys = np.asarray([key[1] for key, _ in rows], np.int32)
+    if pairs:
+        opts["prev"] = np.asarray([key[0] for key, _ in rows], np.int32)
+    out = _core.expand_recycled(arrays, keys, ids, probs, {**OPTS, **opts}, cal)
     return {key: v.tolist() for key, v in out.items()}
+
+
+def held(table, pairs, slots=1 << 16):
+    """What a table holds after ``native`` recorded ``pairs`` then ``table``: (token rows, pair rows).
+    A pair's row is its token's too unless the table has one; pairs sharing a slot: the later stays."""
+    rows, slot = dict(table), {}
+    for (a, b), r in pairs.items():
+        rows.setdefault(b, r) if b in table else rows.__setitem__(b, r)
+        slot[ref.pair_slot(a, b, slots)] = (a, b)
+    return rows, {key: pairs[key] for key in slot.values()}
 
 
 def root_tree(token=5):
@@ -55,6 +71,17 @@ def test_chain_from_the_root_best_first():
     assert out["source"][1:] == [3, 3, 3]
     assert out["match_len"][1:] == [1, 1, 2]  # 1 + rank
     assert out["raw"][1:] == [0.75, 0.5, 0.25]
+
+
+def test_a_pairs_row_is_preferred_and_calibrated_apart():
+    table = {5: ([7], [0.9]), 7: ([9], [0.5])}
+    pairs = {(2, 5): ([8], [0.6]), (5, 7): ([4], [0.5])}
+    out = native(root_tree(), table, None, pairs, max_new=2, root_prev=2)
+    assert out["tokens"] == [5, 8]  # (2, 5) has a row: the pair's, not the token's
+    assert out["match_len"][1:] == [9]  # a pair's rank 0: kPairRankBase + 1
+    out = native(root_tree(), table, None, pairs, max_new=2, root_prev=3)  # no row for (3, 5)
+    assert out["tokens"] == [5, 7, 4] and out["match_len"][1:] == [1, 9]  # (5, 7) has one
+    assert ref.recycled_match(0, False) == 1 and ref.recycled_match(20, False) == 8
 
 
 def test_rescoring_agreement_and_absence():
@@ -131,13 +158,19 @@ def cases(draw):
         ids = draw(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=3, unique=True))
         probs = sorted((float(np.float32(draw(st.floats(0, 1)))) for _ in ids), reverse=True)
         table[t] = (ids, probs)
+    pairs = {}
+    for key in draw(st.sets(st.tuples(st.integers(0, vocab - 1), st.integers(0, vocab - 1)), max_size=6)):
+        ids = draw(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=3, unique=True))
+        probs = sorted((float(np.float32(draw(st.floats(0, 1)))) for _ in ids), reverse=True)
+        pairs[key] = (ids, probs)
     opts = {
+        "root_prev": draw(st.integers(-1, vocab - 1)),
         "max_depth": draw(st.integers(1, 4)),
         "min_f": draw(st.sampled_from([0.0, 1e-3, 0.1])),
         "max_new": draw(st.integers(0, 10)),
         "from_every_node": draw(st.booleans()),
     }
-    return tree, table, opts
+    return tree, table, pairs, opts
 
 
 def random_table(seed):
@@ -149,10 +182,10 @@ def random_table(seed):
 
 @given(cases(), st.sampled_from([None, 0, 1]))
 def test_matches_the_oracle(case, seed):
-    tree, table, opts = case
-    table = padded(table)
+    tree, table, pairs, opts = case
     cal = None if seed is None else random_table(seed).native()
-    got = native(tree, table, cal, **opts)
+    got = native(tree, table, cal, pairs, **opts)
+    table, pairs = held(table, pairs)
 
     def cal_p(source, depth, match, raw):
         s = np.asarray([source], np.int8)
@@ -163,7 +196,12 @@ def test_matches_the_oracle(case, seed):
         )
 
     want = ref.expand_recycled(
-        tree, table, None if cal is None else cal_p, match_edges=random_table(0).match_edges, **opts
+        tree,
+        table,
+        None if cal is None else cal_p,
+        match_edges=random_table(0).match_edges,
+        pairs=pairs,
+        **opts,
     )
     for key, v in got.items():
         assert v == pytest.approx(want[key], rel=0, abs=0), key
@@ -208,9 +246,17 @@ def test_drafter_intake_is_checked():
         d.recycle(tok, ids + 95, probs)
     with pytest.raises(ValueError, match="vocabulary"):
         d.recycle(-tok, ids, probs)
+    with pytest.raises(TypeError):
+        d.recycle(tok, ids, probs, tok.astype(np.int64))
+    with pytest.raises(ValueError, match="prev"):
+        d.recycle(tok, ids, probs, tok[:1])
+    with pytest.raises(ValueError, match="previous token"):
+        d.recycle(tok, ids, probs, tok + 100)
     assert d.recycled_rows == 0  # nothing was recorded by the failed calls
-    d.recycle(tok, ids, probs)
+    d.recycle(tok, ids, probs, np.asarray([-1, 5], np.int32))
     assert d.recycled_rows == 2
+    with pytest.raises(ValueError, match="recycle_pair_slots"):
+        sssd.DrafterConfig(recycle_pair_slots=3)
     d.recycle(np.zeros(0, np.int32), np.zeros((0, 2), np.int32), np.zeros((0, 2), np.float32))
     with pytest.raises(ValueError, match="recycle_k"):
         sssd.DrafterConfig(recycle_k=0)

@@ -12,7 +12,7 @@
 namespace sssd_py {
 
 // recycled_bindings.cpp: Drafter.recycle(tokens [n] int32, top_ids [n, k] int32, top_probs [n, k] float32).
-void drafter_recycle(sssd::Drafter& d, py::handle tokens, py::handle ids, py::handle probs);
+void drafter_recycle(sssd::Drafter& d, py::handle tokens, py::handle ids, py::handle probs, py::handle prev);
 
 namespace {
 
@@ -69,6 +69,7 @@ sssd::DrafterParams drafter_params(const py::dict& d) {
   p.use_recycled = r.flag("use_recycled", p.use_recycled);
   p.recycle_k = r.i32("recycle_k", p.recycle_k);
   p.recycle_from_every_node = r.flag("recycle_from_every_node", p.recycle_from_every_node);
+  p.recycle_pair_slots = r.i32("recycle_pair_slots", p.recycle_pair_slots);
   p.index_max_n = r.i32("index_max_n", p.index_max_n);
   p.input = match_params(r, "input_");
   p.pool = match_params(r, "pool_");
@@ -263,7 +264,8 @@ void bind_drafter(py::module_& m) {
         return d.context_length(id);
       })
       .def("pool_tokens", &sssd::Drafter::pool_tokens, py::call_guard<py::gil_scoped_release>())
-      .def("recycle", &drafter_recycle)
+      .def("recycle", &drafter_recycle, py::arg("tokens"), py::arg("top_ids"), py::arg("top_probs"),
+           py::arg("prev") = py::none())
       .def("recycled_rows", &sssd::Drafter::recycled_rows, py::call_guard<py::gil_scoped_release>())
       .def("propose", &propose)
       .def("observe", &observe)

@@ -84,15 +84,21 @@ py::dict expand_tree(py::dict tree, py::handle tokens, py::handle ids, py::handl
   rp.min_f = real_arg(opts["min_f"], "min_f");
   rp.max_new = int32_arg(opts["max_new"], "max_new", 0, 1 << 16);
   rp.from_every_node = bool_arg(opts["from_every_node"], "from_every_node");
+  // Optional: prev [n] int32 (the token before each row's, -1: none) for the pair rows, in a table of
+  // pair_slots slots (default 2^16), and root_prev (the token before the root).
   const TopK t = top_k_args(tokens, ids, probs);
+  const int32_t* prev = opts.contains("prev") ? typed<int32_t>(opts["prev"], "prev", t.n) : nullptr;
+  const int32_t slots = opts.contains("pair_slots") ? int32_arg(opts["pair_slots"], "pair_slots", 0, 1 << 24)
+                                                    : (prev != nullptr ? 1 << 16 : 0);
+  if (opts.contains("root_prev")) rp.root_prev = int32_arg(opts["root_prev"], "root_prev", -1, 1 << 30);
   for (int64_t i = 0; i < t.n; ++i) {
     if (t.tokens[i] < 0) throw py::value_error("tokens must be >= 0");
   }
   for (int64_t i = 0; i < t.n * t.width; ++i) {
     if (t.ids[i] < 0) throw py::value_error("top_ids must be >= 0");
   }
-  sssd::RecycledTable table(std::min<int32_t>(t.width, sssd::kMaxRecycledK), 0);
-  table.update(t.tokens, t.n, t.ids, t.probs, t.width);
+  sssd::RecycledTable table(std::min<int32_t>(t.width, sssd::kMaxRecycledK), 0, slots);
+  table.update(t.tokens, t.n, t.ids, t.probs, t.width, prev);
   sssd::CandidateTree ct;
   ct.reset(tok[0], static_cast<int32_t>(n) + rp.max_new);
   for (py::ssize_t i = 1; i < n; ++i) ct.new_child(par[i], tok[i]);
@@ -120,10 +126,11 @@ py::dict expand_tree(py::dict tree, py::handle tokens, py::handle ids, py::handl
 
 }  // namespace
 
-void drafter_recycle(sssd::Drafter& d, py::handle tokens, py::handle ids, py::handle probs) {
+void drafter_recycle(sssd::Drafter& d, py::handle tokens, py::handle ids, py::handle probs, py::handle prev) {
   const TopK t = top_k_args(tokens, ids, probs);
+  const int32_t* before = prev.is_none() ? nullptr : typed<int32_t>(prev, "prev", t.n);
   py::gil_scoped_release release;
-  d.recycle(t.tokens, t.n, t.ids, t.probs, t.width);
+  d.recycle(t.tokens, t.n, t.ids, t.probs, t.width, before);
 }
 
 void bind_recycled(py::module_& m) {

@@ -33,6 +33,9 @@ struct DrafterParams {
   bool use_recycled = false;
   int32_t recycle_k = 8;
   bool recycle_from_every_node = true;
+  // Rows kept per (previous token, token) pair besides the per-token rows: a direct-mapped table of this
+  // many slots (a power of two; 0: none).
+  int32_t recycle_pair_slots = 1 << 16;
   int32_t index_max_n = 4;   // n-gram lengths indexed for the input source and the pool
   MatchParams input, pool;
   SearchParams search;
@@ -90,7 +93,9 @@ class Drafter {
   int64_t pool_tokens();
   // The model's top-k after each of n tokens (ids, probs: [n, width] row-major, best first; probs in
   // [0, 1]) become those tokens' recycled candidates. Checked; a no-op when the source is off.
-  void recycle(const int32_t* tokens, int64_t n, const int32_t* ids, const float* probs, int32_t width);
+  // prev (null: none): the token before each of them (< 0: unknown), for the pair rows.
+  void recycle(const int32_t* tokens, int64_t n, const int32_t* ids, const float* probs, int32_t width,
+               const int32_t* prev = nullptr);
   int64_t recycled_rows();  // tokens with recycled candidates
 
   // budgets: [b] per-request caps when per_request, else budgets[0] is the global budget. tpot: [b]

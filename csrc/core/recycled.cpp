@@ -7,14 +7,39 @@
 
 namespace sssd {
 
-RecycledTable::RecycledTable(int32_t k, uint64_t vocab)
+RecycledTable::RecycledTable(int32_t k, uint64_t vocab, int32_t pair_slots)
     : k_(k), max_rows_(vocab > 0 ? vocab : kMaxUnsizedRows) {
   if (k < 1 || k > kMaxRecycledK) {
     throw std::invalid_argument("recycled k must be in [1, " + std::to_string(kMaxRecycledK) + "]");
   }
+  if (pair_slots < 0 || pair_slots > (1 << 24) || (pair_slots & (pair_slots - 1)) != 0) {
+    throw std::invalid_argument("recycled pair slots must be 0 or a power of two <= 2^24");
+  }
+  if (pair_slots > 0) {
+    int32_t bits = 0;
+    while ((1 << bits) < pair_slots) ++bits;
+    pair_shift_ = 64 - bits;
+    pair_keys_.assign(static_cast<size_t>(pair_slots), ~uint64_t{0});
+    pair_ids_.assign(static_cast<size_t>(pair_slots) * static_cast<size_t>(k), -1);
+    pair_probs_.assign(static_cast<size_t>(pair_slots) * static_cast<size_t>(k), 0.0f);
+    pair_count_.assign(static_cast<size_t>(pair_slots), 0);
+  }
 }
 
-void RecycledTable::update(const int32_t* tokens, int64_t n, const int32_t* ids, const float* probs, int32_t width) {
+// A token repeated in a row is kept once (its first, best rank): then the tokens of a row are distinct
+// and a rank names one candidate, which the expansion relies on.
+int32_t RecycledTable::keep_row(const int32_t* ids, const float* probs, int32_t w, int32_t* out_ids, float* out_probs) {
+  int32_t kept = 0;
+  for (int32_t j = 0; j < w; ++j) {
+    if (std::find(out_ids, out_ids + kept, ids[j]) != out_ids + kept) continue;
+    out_ids[kept] = ids[j];
+    out_probs[kept++] = probs[j];
+  }
+  return kept;
+}
+
+void RecycledTable::update(const int32_t* tokens, int64_t n, const int32_t* ids, const float* probs, int32_t width,
+                           const int32_t* prev) {
   const int32_t w = std::min(width, k_);
   if (w <= 0) return;
   int64_t top = -1;
@@ -28,22 +53,21 @@ void RecycledTable::update(const int32_t* tokens, int64_t n, const int32_t* ids,
     ids_.resize(rows * static_cast<uint64_t>(k_), -1);
     probs_.resize(rows * static_cast<uint64_t>(k_), 0.0f);
   }
+  const auto k = static_cast<uint64_t>(k_);
   for (int64_t i = 0; i < n; ++i) {
     const auto row = static_cast<uint64_t>(tokens[i]);
     if (tokens[i] < 0 || row >= count_.size()) continue;
     recorded_ += count_[row] == 0;
-    // A token repeated in a row is kept once (its first, best rank): then the tokens of a row are
-    // distinct and a rank names one candidate, which the expansion relies on.
-    int32_t* out_ids = ids_.data() + row * static_cast<uint64_t>(k_);
-    float* out_probs = probs_.data() + row * static_cast<uint64_t>(k_);
-    int32_t kept = 0;
-    for (int32_t j = 0; j < w; ++j) {
-      const int32_t id = ids[i * width + j];
-      if (std::find(out_ids, out_ids + kept, id) != out_ids + kept) continue;
-      out_ids[kept] = id;
-      out_probs[kept++] = probs[i * width + j];
+    const int32_t* in_ids = ids + i * width;
+    const float* in_probs = probs + i * width;
+    count_[row] = static_cast<uint8_t>(keep_row(in_ids, in_probs, w, ids_.data() + row * k, probs_.data() + row * k));
+    if (prev != nullptr && prev[i] >= 0 && !pair_keys_.empty()) {
+      const uint64_t key = pair_key(prev[i], tokens[i]);
+      const uint64_t slot = pair_slot(key);  // direct-mapped: a newer pair takes the slot
+      pair_keys_[slot] = key;
+      pair_count_[slot] =
+          static_cast<uint8_t>(keep_row(in_ids, in_probs, w, pair_ids_.data() + slot * k, pair_probs_.data() + slot * k));
     }
-    count_[row] = static_cast<uint8_t>(kept);
   }
 }
 
@@ -51,6 +75,8 @@ void RecycledTable::clear() {
   std::vector<int32_t>().swap(ids_);
   std::vector<float>().swap(probs_);
   std::vector<uint8_t>().swap(count_);
+  std::fill(pair_keys_.begin(), pair_keys_.end(), ~uint64_t{0});
+  std::fill(pair_count_.begin(), pair_count_.end(), 0);
   recorded_ = 0;
 }
 
@@ -118,6 +144,15 @@ class Expander {
   static constexpr double kRelevance = 0.25;
   static constexpr uint64_t kMasked = uint64_t{1} << 63;  // taken[v]: the children's ranks are in
 
+  // The candidates after node v: the row of (its parent's token, its token) when there is one (the model
+  // read that pair before: what it predicted then says more than the token's row), else its token's.
+  // *pair: whether it is a pair's row (its ranks are calibrated apart, recycled_match).
+  int32_t row_of(int32_t v, const int32_t** ids, const float** probs, bool* pair) const {
+    const int32_t a = v == 0 ? params_.root_prev : t_.tokens[t_.parents[v]];
+    const int32_t c = table_.lookup_pair(a, t_.tokens[v], ids, probs);
+    *pair = c > 0;
+    return c > 0 ? c : table_.lookup(t_.tokens[v], ids, probs);
+  }
   float p_of(int32_t source, int32_t depth, int32_t match, float raw) const {
     return cal_ != nullptr ? cal_->apply(source, depth, match, raw) : raw;
   }
@@ -134,10 +169,11 @@ class Expander {
       if (t_.f[v] < relevant) continue;
       s_.relevant.push_back(v);
       const int32_t u = t_.parents[v];
-      const int32_t count = table_.lookup(t_.tokens[u], &ids, &probs);
+      bool pair = false;
+      const int32_t count = row_of(u, &ids, &probs, &pair);
       if (count > 0 && t_.source[v] >= 0 && t_.source[v] < kNumTrieSources) {
         const auto j = static_cast<int32_t>(std::find(ids, ids + count, t_.tokens[v]) - ids);
-        const int32_t match = j < count ? j + 1 : kAbsentRank + 1;
+        const int32_t match = j < count ? recycled_match(j, pair) : kAbsentRank + 1;
         t_.raw[v] = t_.p[v];
         t_.p[v] = p_of(kRescoredSource, t_.depth[v], match, t_.p[v]);
         t_.source[v] = static_cast<int8_t>(kRescoredSource);
@@ -183,7 +219,8 @@ class Expander {
     if (d > params_.max_depth || !good(t_.f[v] * s_.bound[static_cast<size_t>(d)])) return;
     const int32_t* ids = nullptr;
     const float* probs = nullptr;
-    const int32_t count = table_.lookup(t_.tokens[v], &ids, &probs);
+    bool pair = false;
+    const int32_t count = row_of(v, &ids, &probs, &pair);
     uint64_t& taken = s_.taken[static_cast<size_t>(v)];
     if (count > 0 && !(taken & kMasked)) {  // the ranks of v's children, once
       for (int32_t c = t_.first_child[v]; c >= 0; c = t_.next_sibling[c]) {
@@ -194,7 +231,7 @@ class Expander {
     }
     while (j < count && (taken >> j & 1u) != 0) ++j;
     if (j >= count) return;
-    const double f = t_.f[v] * static_cast<double>(p_of(kRecycledSource, d, j + 1, probs[j]));
+    const double f = t_.f[v] * static_cast<double>(p_of(kRecycledSource, d, recycled_match(j, pair), probs[j]));
     if (good(f)) {
       s_.heap.push_back({f, v, j});
       std::push_heap(s_.heap.begin(), s_.heap.end(), after);
@@ -204,7 +241,8 @@ class Expander {
   void take(const Edge& e) {
     const int32_t* ids = nullptr;
     const float* probs = nullptr;
-    table_.lookup(t_.tokens[e.node], &ids, &probs);
+    bool pair = false;
+    row_of(e.node, &ids, &probs, &pair);
     s_.taken[static_cast<size_t>(e.node)] |= uint64_t{1} << e.rank;
     push_next(e.node, e.rank + 1);
     const int32_t v = t_.new_child(e.node, ids[e.rank]);
@@ -212,8 +250,8 @@ class Expander {
     ++added_;
     t_.source[v] = static_cast<int8_t>(kRecycledSource);
     t_.raw[v] = probs[e.rank];
-    t_.match_len[v] = e.rank + 1;
-    t_.p[v] = p_of(kRecycledSource, t_.depth[v], e.rank + 1, probs[e.rank]);
+    t_.match_len[v] = recycled_match(e.rank, pair);
+    t_.p[v] = p_of(kRecycledSource, t_.depth[v], t_.match_len[v], probs[e.rank]);
     t_.source_mask[v] = static_cast<uint8_t>(1u << kRecycledSource);
     t_.f[v] = e.f;
     keep_best(e.f);

@@ -26,13 +26,16 @@ class RecycledTable {
   // it are never recorded); 0: unknown, the table grows to the largest token recorded, at most
   // kMaxUnsizedRows rows (larger tokens are not recorded). Memory: rows x k x 8 bytes, allocated as
   // tokens are recorded.
-  RecycledTable(int32_t k, uint64_t vocab);
+  RecycledTable(int32_t k, uint64_t vocab, int32_t pair_slots = 0);
 
   int32_t k() const { return k_; }
   // Row i of ids / probs ([n, width] row-major, best first) becomes the row of tokens[i] (a later row of
   // the same token wins); the first min(width, k) columns are kept, a repeated id once (its best rank). The caller has checked the values
   // (tokens and ids >= 0 and in the vocabulary, probs in [0, 1]).
-  void update(const int32_t* tokens, int64_t n, const int32_t* ids, const float* probs, int32_t width);
+  // prev (null: none): the token before each tokens[i] (< 0: unknown); a pair row keyed (prev, token)
+  // is kept besides the token's row.
+  void update(const int32_t* tokens, int64_t n, const int32_t* ids, const float* probs, int32_t width,
+              const int32_t* prev = nullptr);
   // The candidates recorded after token t: their number (0: none), and pointers to them, best first.
   int32_t lookup(int32_t t, const int32_t** ids, const float** probs) const {
     const auto row = static_cast<uint64_t>(t);
@@ -41,12 +44,33 @@ class RecycledTable {
     *probs = probs_.data() + row * static_cast<uint64_t>(k_);
     return count_[row];
   }
+  int32_t lookup_pair(int32_t a, int32_t b, const int32_t** ids, const float** probs) const {
+    if (pair_keys_.empty() || a < 0 || b < 0) return 0;
+    const uint64_t key = pair_key(a, b);
+    const uint64_t slot = pair_slot(key);
+    if (pair_keys_[slot] != key) return 0;
+    *ids = pair_ids_.data() + slot * static_cast<uint64_t>(k_);
+    *probs = pair_probs_.data() + slot * static_cast<uint64_t>(k_);
+    return pair_count_[slot];
+  }
   int64_t rows_recorded() const { return recorded_; }
   void clear();
 
  private:
+  static uint64_t pair_key(int32_t a, int32_t b) {
+    return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
+  }
+  // Multiplicative hashing: the top bits of key * 2^64 / phi (one slot: shift 64, which C++ leaves undefined).
+  uint64_t pair_slot(uint64_t key) const { return pair_shift_ >= 64 ? 0 : (key * 0x9E3779B97F4A7C15ull) >> pair_shift_; }
+  static int32_t keep_row(const int32_t* ids, const float* probs, int32_t w, int32_t* out_ids, float* out_probs);
+
   int32_t k_;
   uint64_t max_rows_;
+  int32_t pair_shift_ = 64;
+  std::vector<uint64_t> pair_keys_;  // [slots] (a, b) of the row in the slot (~0: empty)
+  std::vector<int32_t> pair_ids_;    // [slots * k]
+  std::vector<float> pair_probs_;    // [slots * k]
+  std::vector<uint8_t> pair_count_;  // [slots]
   std::vector<int32_t> ids_;    // [rows * k]
   std::vector<float> probs_;    // [rows * k]
   std::vector<uint8_t> count_;  // [rows] candidates recorded (0: never)
@@ -58,6 +82,7 @@ struct RecycleParams {
   double min_f = 1e-4;            // nor with a smaller f estimate
   int32_t max_new = 0;            // new nodes added at most (the tree's budget: more are never selected)
   bool from_every_node = true;    // false: below the root and recycled nodes only (a subtree of its own)
+  int32_t root_prev = -1;         // the context's token before the root (-1: none)
 };
 
 // Reusable buffers of expand_recycled (one per thread).

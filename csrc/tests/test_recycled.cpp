@@ -56,6 +56,36 @@ TEST(recycled_table_rows) {
   CHECK_THROWS(sssd::RecycledTable(sssd::kMaxRecycledK + 1, 10), std::invalid_argument);
 }
 
+TEST(recycled_pair_rows) {
+  sssd::RecycledTable table(2, 10, 4);
+  const int32_t tokens[] = {3, 3, 4};
+  const int32_t prev[] = {1, -1, 3};
+  const int32_t ids[] = {5, 6, 7, 8, 9, 9};  // width 2; row 2 repeats 9: kept once
+  const float probs[] = {0.5f, 0.25f, 0.6f, 0.3f, 0.7f, 0.2f};
+  table.update(tokens, 3, ids, probs, 2, prev);
+  const int32_t* row = nullptr;
+  const float* p = nullptr;
+  CHECK_EQ(table.lookup_pair(1, 3, &row, &p), 2);  // (1, 3): the first row (the second had no prev)
+  CHECK_EQ(row[0], 5);
+  CHECK_EQ(table.lookup(3, &row, &p), 2);  // token 3: the later row
+  CHECK_EQ(row[0], 7);
+  CHECK_EQ(table.lookup_pair(3, 4, &row, &p), 1);
+  CHECK_EQ(table.lookup_pair(2, 3, &row, &p), 0);
+  CHECK_EQ(table.lookup_pair(-1, 3, &row, &p), 0);
+  sssd::RecycledTable none(2, 10);  // no pair slots: no pair rows
+  none.update(tokens, 3, ids, probs, 2, prev);
+  CHECK_EQ(none.lookup_pair(1, 3, &row, &p), 0);
+  sssd::RecycledTable one(2, 10, 1);  // one slot: the latest pair holds it
+  one.update(tokens, 3, ids, probs, 2, prev);
+  CHECK_EQ(one.lookup_pair(1, 3, &row, &p), 0);
+  CHECK_EQ(one.lookup_pair(3, 4, &row, &p), 1);
+  CHECK_THROWS(sssd::RecycledTable(2, 10, 3), std::invalid_argument);
+  CHECK_THROWS(sssd::RecycledTable(2, 10, -1), std::invalid_argument);
+  CHECK_EQ(sssd::recycled_match(0, false), 1);
+  CHECK_EQ(sssd::recycled_match(0, true), sssd::kPairRankBase + 1);
+  CHECK_EQ(sssd::recycled_match(31, true), 2 * sssd::kPairRankBase);
+}
+
 TEST(recycled_expansion_rescores_and_adds) {
   sssd::RecycledTable table(2, 0);
   const int32_t tokens[] = {5, 7};

@@ -12,6 +12,18 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 RECYCLED, RESCORED, ABSENT_RANK = 3, 4, 63  # source ids and the rank of an absent candidate (calibration.h)
+PAIR_RANK_BASE = 8
+
+
+def recycled_match(rank: int, pair: bool) -> int:
+    """The match-length feature of a recycled candidate of rank ``rank`` (calibration.h)."""
+    return (PAIR_RANK_BASE + 1 if pair else 1) + min(rank, PAIR_RANK_BASE - 1)
+
+
+def pair_slot(a: int, b: int, slots: int) -> int:
+    """The slot of pair (a, b) in a direct-mapped pair table of ``slots`` slots (recycled.h)."""
+    key = (a << 32) | b
+    return ((key * 0x9E3779B97F4A7C15) % 2**64) >> (64 - (slots.bit_length() - 1))
 
 
 def select_sequence(
@@ -112,19 +124,27 @@ def expand_recycled(
     max_new: int,
     from_every_node: bool = True,
     match_edges: Sequence[int] = (1,),
+    pairs: dict | None = None,
+    root_prev: int = -1,
 ) -> dict:
     """The recycled candidates added to a merged tree (csrc/core/recycled.h): rescoring, then best-first
     expansion. tree: lists ``tokens``, ``parents``, ``p``, ``f``, ``source`` (node 0 the root); table:
-    token -> (ids, probs), best first; cal_p(source, depth, match, raw) -> p (None: p = raw); match_edges:
-    the calibration's match-length buckets (for the bound on a new candidate's p). Returns the tree's
-    lists, with ``depth``, ``raw``, ``match_len`` and ``source_mask`` added."""
-    rows = {}
-    for tok, (ids, probs) in table.items():  # a token repeated in a row is kept once, at its best rank
-        first = {}
-        for i, p in zip(ids, probs, strict=True):
-            first.setdefault(int(i), float(p))
-        rows[tok] = (list(first), list(first.values()))
-    table = rows
+    token -> (ids, probs), best first; pairs: (previous token, token) -> (ids, probs), the pair rows the
+    table holds, preferred to the token's row; root_prev: the token before the root (-1: none);
+    cal_p(source, depth, match, raw) -> p (None: p = raw); match_edges: the calibration's match-length
+    buckets (for the bound on a new candidate's p). Returns the tree's lists, with ``depth``, ``raw``,
+    ``match_len`` and ``source_mask`` added."""
+
+    def distinct(rows: dict) -> dict:  # a token repeated in a row is kept once, at its best rank
+        out = {}
+        for key, (ids, probs) in rows.items():
+            first = {}
+            for i, p in zip(ids, probs, strict=True):
+                first.setdefault(int(i), float(p))
+            out[key] = (list(first), list(first.values()))
+        return out
+
+    table, pairs = distinct(table), distinct(pairs or {})
     t = {k: list(tree[k]) for k in ("tokens", "parents", "p", "f", "source")}
     n = len(t["tokens"])
     t["depth"] = [0] * n
@@ -140,15 +160,21 @@ def expand_recycled(
     def cal(source: int, depth: int, match: int, raw: float) -> float:
         return float(np.float32(raw if cal_p is None else cal_p(source, depth, match, raw)))
 
+    def row_of(v: int) -> tuple[list, list, bool]:  # the pair's row when there is one, else the token's
+        a = root_prev if v == 0 else t["tokens"][t["parents"][v]]
+        if a >= 0 and (a, t["tokens"][v]) in pairs:
+            return (*pairs[(a, t["tokens"][v])], True)
+        return (*table.get(t["tokens"][v], ((), ())), False)
+
     rest = sorted(t["f"][1:], reverse=True)
     relevant_f = 0.25 * (rest[max_new - 1] if len(rest) >= max_new else 0.0)
     relevant = [v for v in range(1, n) if t["f"][v] >= relevant_f]  # pre-rescoring f, parents first
     for v in relevant:  # 1. rescoring
         u = t["parents"][v]
-        ids = table.get(t["tokens"][u], ((), ()))[0]
+        ids, _, pair = row_of(u)
         if 0 <= t["source"][v] < RECYCLED and len(ids):
             j = list(ids).index(t["tokens"][v]) if t["tokens"][v] in list(ids) else None
-            match = j + 1 if j is not None else ABSENT_RANK + 1
+            match = recycled_match(j, pair) if j is not None else ABSENT_RANK + 1
             t["raw"][v] = t["p"][v]
             t["p"][v] = cal(RESCORED, t["depth"][v], match, t["p"][v])
             t["source"][v], t["match_len"][v] = RESCORED, match
@@ -180,11 +206,11 @@ def expand_recycled(
         d = t["depth"][v] + 1
         if d > max_depth or not good(t["f"][v] * bound[d]):
             return
-        ids, probs = table.get(t["tokens"][v], ((), ()))
+        ids, probs, pair = row_of(v)
         while j < len(ids) and (v, int(ids[j])) in kids:
             j += 1
         if j < len(ids):
-            f = t["f"][v] * cal(RECYCLED, d, j + 1, float(probs[j]))
+            f = t["f"][v] * cal(RECYCLED, d, recycled_match(j, pair), float(probs[j]))
             if good(f):
                 heapq.heappush(heap, (-f, v, j))
 
@@ -195,7 +221,7 @@ def expand_recycled(
         neg_f, u, j = heapq.heappop(heap)
         if not good(-neg_f):
             break
-        ids, probs = table[t["tokens"][u]]
+        ids, probs, pair = row_of(u)
         push_next(u, j + 1)
         if (u, int(ids[j])) in kids:
             continue
@@ -204,8 +230,9 @@ def expand_recycled(
         added += 1
         d = t["depth"][u] + 1
         for key, val in (("tokens", int(ids[j])), ("parents", u), ("depth", d), ("source", RECYCLED),
-                         ("raw", float(probs[j])), ("match_len", j + 1),
-                         ("p", cal(RECYCLED, d, j + 1, float(probs[j]))), ("source_mask", 1 << RECYCLED),
+                         ("raw", float(probs[j])), ("match_len", recycled_match(j, pair)),
+                         ("p", cal(RECYCLED, d, recycled_match(j, pair), float(probs[j]))),
+                         ("source_mask", 1 << RECYCLED),
                          ("f", -neg_f)):  # fmt: skip
             t[key].append(val)
         keep_best(-neg_f)
