@@ -28,12 +28,15 @@ class Spy(sssd.Drafter):
         super().__init__(None, sssd.DrafterConfig(use_recycled=True, recycle_k=K, vocab_size=VOCAB))
         self.rows: list[tuple[int, tuple[int, ...]]] = []
 
-    def recycle(self, tokens, top_ids, top_probs):
-        assert top_ids.shape == top_probs.shape == (tokens.shape[0], K)
+    def recycle(self, tokens, top_ids, top_probs, prev):
+        assert top_ids.shape == top_probs.shape == (tokens.shape[0], K) and prev.shape == tokens.shape
         assert np.allclose(top_probs.sum(axis=1), 1.0, atol=1e-5)  # a softmax over the top-k
         assert np.all(np.diff(top_probs, axis=1) <= 1e-7)  # best first
-        self.rows += [(int(t), tuple(r)) for t, r in zip(tokens.tolist(), top_ids.tolist(), strict=True)]
-        super().recycle(tokens, top_ids, top_probs)
+        self.rows += [
+            (int(a), int(t), tuple(r))
+            for a, t, r in zip(prev.tolist(), tokens.tolist(), top_ids.tolist(), strict=True)
+        ]
+        super().recycle(tokens, top_ids, top_probs, prev)
 
 
 def prompts() -> list[list[int]]:
@@ -52,8 +55,9 @@ def test_engine_hands_over_every_verified_row(budget):
     want = Counter()
     for p, r in zip(prompts(), res, strict=True):
         full = p + r.tokens
-        want.update((full[j], full[j + 1]) for j in range(len(p) - 1, len(full) - 1))
-    assert Counter((t, ids[0]) for t, ids in drafter.rows) == want  # greedy: the top-1 is what came next
+        want.update((full[j - 1], full[j], full[j + 1]) for j in range(len(p) - 1, len(full) - 1))
+    # greedy: the top-1 is what came next; the token before is the context's
+    assert Counter((a, t, ids[0]) for a, t, ids in drafter.rows) == want
     assert drafter.recycled_rows > 0 and engine.stats.drafter_errors == 0
 
 
@@ -76,7 +80,7 @@ def test_recorder_only_for_drafters_that_ask():
     assert TopKRecorder.for_drafter(object()) is None
     assert TopKRecorder.for_drafter(Spy()).k == K
     empty = TopKRecorder(3).arrays()
-    assert [a.shape for a in empty] == [(0,), (0, 3), (0, 3)]
+    assert [a.shape for a in empty] == [(0,), (0, 3), (0, 3), (0,)]
 
 
 def test_top_k_rows_must_fit_the_pairs():
@@ -84,6 +88,11 @@ def test_top_k_rows_must_fit_the_pairs():
     top = TeacherTopK(np.zeros((3, 2), np.int32), np.full((3, 2), 0.5, np.float32), np.asarray([0, 3]))
     rows = top.bind([pair]).step_rows(np.asarray([0]), np.asarray([1]), np.asarray([2]))
     assert rows[0].tolist() == [3, 4]  # the tokens read at output positions 1 and 2
+    assert rows[3].tolist() == [2, 3]  # and the tokens before them
+    first = top.bind([pair]).step_rows(np.asarray([0]), np.asarray([0]), np.asarray([1]))
+    assert first[0].tolist() == [2] and first[3].tolist() == [1]  # the prompt's last two
+    alone = top.bind([Pair.make([1], [3, 4, 5])]).step_rows(np.asarray([0]), np.asarray([0]), np.asarray([1]))
+    assert alone[3].tolist() == [-1]  # a one-token prompt: no token before its last
     with pytest.raises(ValueError, match="other pairs"):
         top.bind([Pair.make([1], [3, 4])])
     with pytest.raises(ValueError, match="offsets"):
@@ -102,6 +111,7 @@ def test_argmax_from_the_top_k_is_the_argmax():
     rec = TopKRecorder(3)
     logits = torch.tensor([[0.0, 2.0, 1.0, 2.0], [5.0, 1.0, 4.0, 0.0], [float("nan"), 1.0, 0.0, 0.0]])
     for rows in ([1], [0, 1], [0, 1, 2]):  # a tie (row 0) and NaN (row 2) take the argmax itself
-        assert rec.add([7] * len(rows), logits[rows], True) == logits[rows].argmax(-1).tolist()
-    assert rec.add([7], logits[[1]], False) is None
-    assert TopKRecorder(1).add([7], logits[[1]], True) == [0]
+        want = logits[rows].argmax(-1).tolist()
+        assert rec.add([7] * len(rows), [6] * len(rows), logits[rows], True) == want
+    assert rec.add([7], [-1], logits[[1]], False) is None
+    assert TopKRecorder(1).add([7], [6], logits[[1]], True) == [0]

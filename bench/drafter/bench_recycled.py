@@ -94,8 +94,14 @@ def _drafters(ds, pairs, top, batch: int):
         for p in pairs[-100:]:
             d.add_to_pool(p.output_ids)
         if rec:
-            read = np.concatenate([np.concatenate([p.prompt_ids[-1:], p.output_ids[:-1]]) for p in pairs])
-            d.recycle(read.astype(np.int32), top.ids, top.probs)
+            read = [np.concatenate([p.prompt_ids[-1:], p.output_ids[:-1]]) for p in pairs]
+            prev = [np.concatenate([p.prompt_ids[-2:-1], r[:-1]]) for p, r in zip(pairs, read, strict=True)]
+            d.recycle(
+                np.concatenate(read).astype(np.int32),
+                top.ids,
+                top.probs,
+                np.concatenate(prev).astype(np.int32),
+            )
         for r in range(batch):
             p = pairs[r % len(pairs)]
             d.add_request(r, np.concatenate([p.prompt_ids, p.output_ids[:200]]))

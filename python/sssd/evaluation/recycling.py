@@ -59,17 +59,25 @@ class TeacherTopK:
         # the token the model reads at row r: the prompt's last token, then output[:-1]
         read = [np.concatenate([p.prompt_ids[-1:], p.output_ids[:-1]]) for p in pairs if p.output_ids.size]
         flat = np.concatenate(read).astype(np.int32) if read else np.zeros(0, np.int32)
-        return _BoundTopK(self, flat)
+        # the token before it: the prompt's second-to-last (-1 for a one-token prompt), then read[:-1]
+        before = [
+            np.concatenate([p.prompt_ids[-2:-1] if p.prompt_ids.size >= 2 else [-1], r[:-1]])
+            for p, r in zip((p for p in pairs if p.output_ids.size), read, strict=True)
+        ]
+        prev = np.concatenate(before).astype(np.int32) if before else np.zeros(0, np.int32)
+        return _BoundTopK(self, flat, prev)
 
 
 @dataclass(frozen=True, eq=False)
 class _BoundTopK:
     top: TeacherTopK
     read: np.ndarray  # [R] int32: the token read at each row
+    prev: np.ndarray  # [R] int32: the token before it (-1: none)
 
     def step_rows(self, rids: np.ndarray, pos: np.ndarray, advance: np.ndarray) -> tuple[np.ndarray, ...]:
-        """(tokens [n], ids [n, k], probs [n, k]) of one step: request i (a pair index) at output position
-        pos[i] verified its root and advance[i] - 1 accepted nodes, rows pos[i] .. pos[i] + advance[i] - 1."""
+        """(tokens [n], ids [n, k], probs [n, k], prev [n]) of one step: request i (a pair index) at output
+        position pos[i] verified its root and advance[i] - 1 accepted nodes, rows pos[i] .. pos[i] +
+        advance[i] - 1."""
         start = self.top.offsets[rids] + pos
         rows = np.repeat(start - np.cumsum(advance) + advance, advance) + np.arange(int(advance.sum()))
-        return self.read[rows], self.top.ids[rows], self.top.probs[rows]
+        return self.read[rows], self.top.ids[rows], self.top.probs[rows], self.prev[rows]
