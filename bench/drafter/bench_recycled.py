@@ -196,6 +196,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5, help="(b) timing rounds")
     ap.add_argument("--new", type=int, default=64, help="(c) new tokens per prompt")
     ap.add_argument("--dev", type=int, default=4, help="(c) development prompts besides the bundled ones")
+    ap.add_argument(
+        "--prompts", type=int, help="(c) the first N bundled prompts, kinds in turn (default: all 12)"
+    )
     ap.add_argument("--budget", type=int, default=32, help="(c) the adaptive policy's largest budget")
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--batches", default="1,4")

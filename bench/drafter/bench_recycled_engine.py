@@ -11,12 +11,13 @@ import sssd
 ARMS = ("plain", "sssd", "sssd+recycled")
 
 
-def _prompts(tok, n_dev: int) -> list[tuple[str, str, list[int]]]:
-    """(kind, id, prompt ids): every bundled prompt (kinds in turn), then n_dev development prompts."""
+def _prompts(tok, n_dev: int, n_bundled: int | None = None) -> list[tuple[str, str, list[int]]]:
+    """(kind, id, prompt ids): the bundled prompts (all, or the first n_bundled with the kinds in turn),
+    then n_dev development prompts."""
     from sssd.cli.demo import bundled_items
     from sssd.models.loading import chat_ids
 
-    out = [(it["kind"], it["id"], chat_ids(tok, it["text"])) for it in bundled_items()]
+    out = [(it["kind"], it["id"], chat_ids(tok, it["text"])) for it in bundled_items(n_bundled)]
     out += [(f"dev-{r['subset']}", r["id"], list(r["prompt_ids"])) for r in corpora.dev_rows(n_dev)]
     return out
 
@@ -114,7 +115,7 @@ def run_engine(args) -> None:
           f"(0..{args.budget}), {args.new} new tokens per prompt, arms taking turns")  # fmt: skip
     for dtype in args.dtypes.split(","):
         model, tok, _ = load_model(None, dtype)
-        prompts = _prompts(tok, args.dev)
+        prompts = _prompts(tok, args.dev, args.prompts)
         for batch in map(int, args.batches.split(",")):
             got = _run(_engines(model, tok, ds, batch, args.budget), prompts, batch, args.new)
             _table(prompts, got, dtype, batch)
