@@ -10,7 +10,8 @@ batch into the trees the model scores (``trees``) and their masks (``masks``), v
 for a step, ``acceptance`` for the per-node greedy / sampling / multi-step rules, ``sampling`` for the
 target's distribution), and what keeps faults from stranding the batch (``recovery``, ``policy_guard``).
 
-Imports: torch, transformers, ``sssd.kernels`` (the GPU attention) and ``sssd.policy`` (the budget policy
-interface). Never a drafter: drafters are duck-typed, any object with the drafter API works.
+Imports: torch, transformers, ``sssd.kernels`` (the GPU attention), ``sssd.policy`` (the budget policy
+interface) and ``sssd.checks`` (argument checks). Never a drafter: drafters are duck-typed, any object
+with the drafter API works.
 Importing this package needs torch; ``sssd.Engine`` and ``sssd.EngineConfig`` import it on first use.
 """

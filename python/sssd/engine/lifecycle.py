@@ -13,6 +13,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from sssd.checks import check_int
 from sssd.engine.requests import GenerationResult, Request, as_prompt_ids
 from sssd.engine.sampling import SamplingParams, as_params
 from sssd.engine.threads import in_step
@@ -41,8 +42,8 @@ class RequestsMixin:
                 f"prompt of {len(ids)} tokens does not fit the model's context "
                 f"of {self.adapter.max_positions} tokens"
             )
-        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
-            raise ValueError(f"budget must be an int >= 0, got {budget!r}")
+        if budget is not None:
+            budget = check_int(budget, "budget", lo=0)
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer")
         eos = self.default_eos if params.eos_token_ids is None else params.eos_token_ids
