@@ -177,6 +177,44 @@ def test_tokenizer_datastore_fingerprint_mismatch(tmp_path):
     Engine(tiny_model("llama"), TinyTokenizer("a"), drafter=drafter)  # the right tokenizer is fine
 
 
+def _datastore(path, tokenizer=None, vocab=VOCAB):
+    docs = [np.arange(2, 40, dtype=np.int32), np.arange(5, 30, dtype=np.int32)]
+    sssd.build_datastore(docs, path, vocab_size=vocab, tokenizer=tokenizer)
+    return sssd.Datastore.open(path)
+
+
+def test_every_source_of_a_merged_drafter_is_checked(tmp_path):
+    """Seen: only the first source's datastore was checked; a second one built with another tokenizer
+    was accepted silently (its drafts useless)."""
+    good = _datastore(tmp_path / "a.sssd", TinyTokenizer("a"))
+    other = _datastore(tmp_path / "b.sssd", TinyTokenizer("b"))
+    merged = sssd.MergedDrafter([sssd.Drafter(datastore=good), sssd.Drafter(datastore=other)])
+    with pytest.raises(sssd.TokenizerMismatchError, match=r"b\.sssd"):
+        Engine(tiny_model("llama"), TinyTokenizer("a"), drafter=merged)
+    assert merged.datastores == [good, other] and merged.datastore is good
+    big = _datastore(tmp_path / "big.sssd", vocab=VOCAB + 50)
+    merged = sssd.MergedDrafter([sssd.Drafter(datastore=good), sssd.Drafter(datastore=big)])
+    with pytest.raises(sssd.TokenizerMismatchError, match=r"big\.sssd .* is larger than the model's"):
+        Engine(tiny_model("llama"), drafter=merged)  # no tokenizer: the vocabulary is still checked
+    same = _datastore(tmp_path / "c.sssd", TinyTokenizer("a"))
+    merged = sssd.MergedDrafter([sssd.Drafter(datastore=good), sssd.Drafter(datastore=same)])
+    Engine(tiny_model("llama"), TinyTokenizer("a"), drafter=merged)
+
+
+def test_a_datastore_recording_no_tokenizer_is_used_with_one_warning_as_by_the_cli(tmp_path):
+    """Seen: ``Engine(tokenizer=...)`` refused a datastore that records no tokenizer, which docs/cli.md
+    says ``sssd generate`` uses with a warning. Now both apply sssd.datastore.compat's rule."""
+    ds = _datastore(tmp_path / "ids.sssd")
+    with pytest.warns(UserWarning, match="ids.sssd records no tokenizer; using it") as caught:
+        engine = Engine(tiny_model("llama"), TinyTokenizer(), drafter=sssd.Drafter(datastore=ds))
+    assert len(caught) == 1
+    (res,) = engine.generate([3, 4, 5], max_new_tokens=4, eos_token_ids=())
+    assert res.tokens == hf_greedy(tiny_model("llama"), [3, 4, 5], 4)
+    big = _datastore(tmp_path / "big.sssd", vocab=VOCAB + 50)
+    with pytest.raises(sssd.TokenizerMismatchError, match="records no tokenizer and its vocabulary"):
+        Engine(tiny_model("llama"), TinyTokenizer(), drafter=sssd.Drafter(datastore=big))
+
+
 class BadDrafter(ToyDrafter):
     """Returns a good chain tree, then lets a test break one field."""
 

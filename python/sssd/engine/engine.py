@@ -39,6 +39,7 @@ import itertools
 import logging
 import threading
 import time
+import warnings
 import weakref
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from sssd.datastore.compat import check_for_model, drafter_datastores
 from sssd.engine.adapter import ATTENTION_BACKENDS, ModelAdapter
 from sssd.engine.lifecycle import RequestsMixin, view_of
 from sssd.engine.policy_guard import PolicyGuard
@@ -154,14 +156,10 @@ class Engine(RequestsMixin, RunsMixin):
             if callable(check_vocab):  # model drafters: draft and target must share the vocabulary
                 check_vocab(self.vocab_size)
             _bind(drafter, self)
-            ds = getattr(drafter, "datastore", None)
-            if ds is not None:
-                if tokenizer is not None and hasattr(ds, "check_tokenizer"):
-                    ds.check_tokenizer(tokenizer)  # TokenizerMismatchError on a different vocabulary
-                if int(getattr(ds, "vocab_size", 0)) > self.vocab_size:
-                    raise ValueError(
-                        f"datastore vocabulary {ds.vocab_size} is larger than the model's {self.vocab_size}"
-                    )
+            for ds in drafter_datastores(drafter):  # every source's (sssd.datastore.compat)
+                warning = check_for_model(ds, tokenizer, self.vocab_size)
+                if warning is not None:
+                    warnings.warn(warning, stacklevel=2)
         self.policy = self.config.policy or _default_policy(self.config)
         self._policy = PolicyGuard(self.policy)
         self.default_eos = eos_defaults(model, tokenizer)
