@@ -172,6 +172,35 @@ def _static_forward(model, hidden, input_ids, position_ids, committed, ancestors
     return model(**kw, logits_to_keep=0).logits[0]
 
 
+class HookWatch:
+    """The forward hooks of a model (and torch's global ones): a compiled graph or a captured CUDA graph
+    runs without them (dynamo does not guard on hooks; a replay runs no Python), so a model with hooks
+    must run its forward eagerly. Checked before every static forward: one glance at each hook dict.
+    transformers' own output-capturing hooks are left out: they act only when a forward asks for hidden
+    states or attentions, which the engine's never do."""
+
+    def __init__(self, model: Any):
+        from torch.nn.modules import module
+
+        self._dicts = [d for m in model.modules() for d in (m._forward_hooks, m._forward_pre_hooks)]
+        self._dicts += [module._global_forward_hooks, module._global_forward_pre_hooks]
+
+    def hooks(self) -> list[str]:
+        """The names of the hooks that matter (usually none: then a glance at each dict)."""
+        if not any(self._dicts):
+            return []
+        return [_name(h) for d in self._dicts for h in d.values() if not _inert(h)]
+
+
+def _inert(hook: Any) -> bool:
+    fn = getattr(hook, "__func__", hook)
+    return getattr(fn, "__module__", "") == "transformers.utils.output_capturing"
+
+
+def _name(hook: Any) -> str:
+    return str(getattr(hook, "__qualname__", None) or type(hook).__name__)
+
+
 class StaticStep:
     """The static-shape verification forward of one ``ModelAdapter``: buffers and a function per bucket.
 
@@ -183,6 +212,7 @@ class StaticStep:
         self._views_of: tuple | None = None  # the cache tensors they view
         self.adapter = adapter
         self.mode = mode
+        self._hooks = HookWatch(adapter.model)
         self.device = adapter.device
         self._buffers: dict[Bucket, dict[str, torch.Tensor]] = {}
         self._graphs: dict[Bucket, Any] = {}  # "cudagraph" mode: (graph, output, cache tensors)
@@ -236,6 +266,12 @@ class StaticStep:
         cache = adapter.cache
         if (cache.capacity, cache.slots) != (bucket.capacity, bucket.cache_slots):
             raise ValueError(f"{bucket} does not match the cache ({cache.slots} x {cache.capacity} rows)")
+        hooks = self._hooks.hooks()
+        if hooks:
+            raise CompileError(
+                f"{adapter.model_class} has forward hooks ({', '.join(sorted(set(hooks)))}), which "
+                f"compile={self.mode!r} would skip"
+            )
         bufs = self._fill(bucket, trees, committed)
         model = adapter._base if adapter.lazy_head else adapter.model
         names = ("input_ids", "position_ids", "committed", "ancestors", "row_ids")
