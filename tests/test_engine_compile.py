@@ -299,12 +299,12 @@ def test_ctrl_c_while_compiling_or_inside_a_static_forward_loses_nothing(monkeyp
             raise KeyboardInterrupt
         return real_attention(module, *a, **k)
 
-    def call(self, bucket, args):  # the first compilation of every other bucket is interrupted
+    def call(self, bucket, args, first=False):  # the first compilation of every other bucket is interrupted
         if bucket not in self._ready:
             calls["compile"] += 1
             if calls["compile"] % 2 == 1:
                 raise KeyboardInterrupt
-        return real_call(self, bucket, args)
+        return real_call(self, bucket, args, first)
 
     monkeypatch.setattr("sssd.engine.adapter.static_attention", attention)
     monkeypatch.setattr(StaticStep, "_call", call)
@@ -405,7 +405,11 @@ def test_compile_error_is_raised_for_the_first_call_only(monkeypatch):
     adapter.prefill(adapter.cache.add(), np.array([4, 5, 6]))
     tree = [random_tree(3, np.random.default_rng(0), 7)]
     adapter.forward_trees(tree)
-    monkeypatch.setattr(StaticStep, "_call", lambda *a: (_ for _ in ()).throw(RuntimeError("boom")))
+
+    def boom(*args):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(StaticStep, "_function", lambda self, bucket: boom)
     with pytest.raises(RuntimeError, match="boom"):
         adapter.forward_trees(tree)
     assert adapter.static is not None

@@ -33,6 +33,7 @@ import functools
 import os
 import time
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,6 +127,62 @@ def _register() -> None:
     from transformers import AttentionInterface
 
     AttentionInterface.register(ATTENTION_NAME, sssd_attention)
+
+
+# The user's settings of each model the engine has switched: saved before anything is changed and dropped
+# once they are back, so that a switch an interrupt cut short is finished by whoever comes next.
+_SAVED: weakref.WeakKeyDictionary[Any, tuple[Any, tuple[bool, ...] | None]] = weakref.WeakKeyDictionary()
+
+
+def user_mode(model: Any) -> tuple[Any, tuple[bool, ...] | None]:
+    """The user's attention implementation and, when the model is in train mode, every module's train flag
+    (None in eval mode: the engine changes nothing then). While the model shows the engine's attention
+    (switched, or left half-switched or half-restored by an interrupt) that is the saved copy; otherwise
+    what the model has now (the user may have changed it since)."""
+    saved = _SAVED.get(model)
+    if saved is not None and model.config._attn_implementation == ATTENTION_NAME:
+        return saved
+    return model.config._attn_implementation, _train_flags(model)
+
+
+def _train_flags(model: Any) -> tuple[bool, ...] | None:
+    return tuple(m.training for m in model.modules()) if model.training else None
+
+
+def restore_user_mode(model: Any, own: tuple[Any, tuple[bool, ...] | None] | None = None) -> None:
+    """Give ``model`` back the user's settings ``own`` (default: the saved copy, if any). Idempotent, so an
+    interrupted restore is finished by the next call; the saved copy is dropped last."""
+    if own is None:
+        if model not in _SAVED:  # the common case: nothing switched
+            return
+        own = user_mode(model)
+    attn, flags = own
+    if flags is not None:  # train flags before the attention: the attention marks a switched model
+        for m, training in zip(model.modules(), flags, strict=False):
+            m.training = training
+    if attn is not None and attn != ATTENTION_NAME and model.config._attn_implementation != attn:
+        model.set_attn_implementation(attn)
+    _SAVED.pop(model, None)
+
+
+@contextlib.contextmanager
+def engine_mode(model: Any):
+    """The engine's attention and eval mode for one forward; the user's settings (whatever the user set
+    meanwhile, e.g. ``set_attn_implementation("sdpa")`` or ``train()``) are saved before anything changes
+    and restored after, so the model behaves as before outside the engine. An interrupt at any point leaves
+    either the user's settings or a saved copy that the next forward, step or engine restores (the
+    attention is switched first and restored last, so while it shows ``ATTENTION_NAME`` the copy holds).
+    Costs two ``set_attn_implementation`` calls per forward (~50 µs), as before."""
+    own = user_mode(model)
+    _SAVED[model] = own
+    try:
+        if model.config._attn_implementation != ATTENTION_NAME:
+            model.set_attn_implementation(ATTENTION_NAME)
+        if model.training:
+            model.eval()
+        yield
+    finally:
+        restore_user_mode(model, own)
 
 
 class HeadPlan:
@@ -280,17 +337,14 @@ class ModelAdapter:
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
         _register()
-        own = getattr(config, "_attn_implementation", None)
+        restore_user_mode(model)  # a switch an interrupt cut short (an earlier engine's): finished first
         try:
-            model.set_attn_implementation(ATTENTION_NAME)
-            uses_interface = getattr(config, "_attn_implementation", None) == ATTENTION_NAME
+            with engine_mode(model):  # the model keeps its own attention outside the engine's forwards
+                uses_interface = getattr(config, "_attn_implementation", None) == ATTENTION_NAME
         except Exception as e:
             raise ValueError(
                 f"{cls} cannot switch its attention implementation to '{ATTENTION_NAME}': {e}"
             ) from e
-        finally:  # the model keeps its own attention outside the engine's forwards
-            if own is not None and own != ATTENTION_NAME:
-                model.set_attn_implementation(own)
         if not uses_interface:
             raise ValueError(
                 f"{cls} does not use transformers' AttentionInterface, so sssd cannot replace its attention"
@@ -352,25 +406,13 @@ class ModelAdapter:
             hidden = self._base(**kw).last_hidden_state[0]
         return hidden if mode == "hidden" else None
 
-    @contextlib.contextmanager
+    def restore_user_mode(self) -> None:
+        """Finish a switch of the model's settings that an interrupt cut short (a no-op otherwise)."""
+        restore_user_mode(self.model)
+
     def _engine_mode(self):
-        """The engine's attention and eval mode for one forward; the model's own (whatever the user set
-        meanwhile, e.g. ``set_attn_implementation("sdpa")`` or ``train()``) is restored after it, so the
-        model behaves as before outside the engine (~50 µs per forward for the two switches)."""
-        model, config = self.model, self.model.config
-        own = getattr(config, "_attn_implementation", None)
-        training = model.training
-        if own != ATTENTION_NAME:
-            model.set_attn_implementation(ATTENTION_NAME)
-        if training:
-            model.eval()
-        try:
-            yield
-        finally:
-            if training:
-                model.train()
-            if own is not None and own != ATTENTION_NAME:
-                model.set_attn_implementation(own)
+        """The engine's attention and eval mode for one forward (see :func:`engine_mode`)."""
+        return engine_mode(self.model)
 
     def _probe(self) -> None:
         """Tiny forwards on a scratch slot: every layer must call our attention exactly once; and the

@@ -280,15 +280,7 @@ class StaticStep:
         ready = self._captured(bucket) if self.mode == "cudagraph" else bucket in self._ready
         if not ready:
             t0 = time.perf_counter()
-            try:
-                self._call(bucket, args)
-            except (torch.OutOfMemoryError, MemoryError):
-                raise
-            except Exception as e:
-                raise CompileError(
-                    f"compile={self.mode!r} could not compile the verification forward of "
-                    f"{adapter.model_class} at {bucket}: {type(e).__name__}: {_first_line(e)}"
-                ) from e
+            self._call(bucket, args, first=True)
             adapter.synchronize()
             self._ready.add(bucket)
             self.last_compile_time = time.perf_counter() - t0
@@ -296,11 +288,28 @@ class StaticStep:
             self.compiles += 1
         return self._call(bucket, args)
 
-    def _call(self, bucket: Bucket, args: tuple) -> torch.Tensor:
+    def _call(self, bucket: Bucket, args: tuple, first: bool = False) -> torch.Tensor:
         if self.mode == "cudagraph":
             return self._replay(bucket, args)
+        fn, views = self._function(bucket), self._cache_views(bucket)
         with torch.inference_mode(), self.adapter._engine_mode():
-            return self._function(bucket)(*args, *self._cache_views(bucket))
+            return self._first_call(bucket, fn, *args, *views) if first else fn(*args, *views)
+
+    def _first_call(self, bucket: Bucket, fn: Any, *args: Any) -> Any:
+        """``fn(*args)``, the first call of a bucket's function (which compiles or captures it): an
+        exception from it means the bucket cannot be compiled (``CompileError``, the forward runs eagerly
+        from then on), except running out of memory. Only this call is covered: an interrupt, or an
+        exception raised around it (the model's switch to the engine's settings), is no compiler's and
+        propagates as it is (the step resumes and compiles the bucket then)."""
+        try:
+            return fn(*args)
+        except (torch.OutOfMemoryError, MemoryError):
+            raise
+        except Exception as e:
+            raise CompileError(
+                f"compile={self.mode!r} could not compile the verification forward of "
+                f"{self.adapter.model_class} at {bucket}: {type(e).__name__}: {_first_line(e)}"
+            ) from e
 
     def _cache_views(self, bucket: Bucket) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Per layer, the first ``rows`` rows of every slot: ``[cache slots, Hkv, rows, D]`` views, the
@@ -338,17 +347,21 @@ class StaticStep:
             graph.replay()
             return out
         with torch.inference_mode(), self.adapter._engine_mode():
-            stream = torch.cuda.Stream(self.device)
-            stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(stream):
-                fn(*args, *views)  # warm-up: lazy initialisations happen outside the capture
-            torch.cuda.current_stream(self.device).wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool()):
-                out = fn(*args, *views)
+            graph, out = self._first_call(bucket, self._capture, fn, args, views)
         self._graphs[bucket] = (graph, out, cache.keys, cache.values)
         graph.replay()
         return out
+
+    def _capture(self, fn: Any, args: tuple, views: tuple) -> tuple[Any, torch.Tensor]:
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            fn(*args, *views)  # warm-up: lazy initialisations happen outside the capture
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool()):
+            out = fn(*args, *views)
+        return graph, out
 
     def _pool(self):
         if self._mempool is None:  # one memory pool shared by every bucket's graph
