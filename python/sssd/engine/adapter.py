@@ -28,12 +28,10 @@ scratch tail); ``commit`` then gathers the accepted nodes into place for all lay
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import time
 import warnings
-import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +41,7 @@ import torch
 from sssd.engine.attention import tree_attention
 from sssd.engine.kv_cache import CacheShape, KVCache, StepWrites
 from sssd.engine.masks import ancestor_bits, dense_visibility
+from sssd.engine.model_mode import ATTENTION_NAME, engine_mode, restore_user_mode
 from sssd.engine.static_step import (
     CompileError,
     StaticArgs,
@@ -55,7 +54,6 @@ from sssd.engine.static_step import (
 from sssd.engine.trees import Tree, chain_tree
 from sssd.kernels.tree_attention import MAX_TREE_NODES
 
-ATTENTION_NAME = "sssd_tree"
 ATTENTION_BACKENDS = ("auto", "sdpa", "packed", "emulated")
 
 
@@ -127,62 +125,6 @@ def _register() -> None:
     from transformers import AttentionInterface
 
     AttentionInterface.register(ATTENTION_NAME, sssd_attention)
-
-
-# The user's settings of each model the engine has switched: saved before anything is changed and dropped
-# once they are back, so that a switch an interrupt cut short is finished by whoever comes next.
-_SAVED: weakref.WeakKeyDictionary[Any, tuple[Any, tuple[bool, ...] | None]] = weakref.WeakKeyDictionary()
-
-
-def user_mode(model: Any) -> tuple[Any, tuple[bool, ...] | None]:
-    """The user's attention implementation and, when the model is in train mode, every module's train flag
-    (None in eval mode: the engine changes nothing then). While the model shows the engine's attention
-    (switched, or left half-switched or half-restored by an interrupt) that is the saved copy; otherwise
-    what the model has now (the user may have changed it since)."""
-    saved = _SAVED.get(model)
-    if saved is not None and model.config._attn_implementation == ATTENTION_NAME:
-        return saved
-    return model.config._attn_implementation, _train_flags(model)
-
-
-def _train_flags(model: Any) -> tuple[bool, ...] | None:
-    return tuple(m.training for m in model.modules()) if model.training else None
-
-
-def restore_user_mode(model: Any, own: tuple[Any, tuple[bool, ...] | None] | None = None) -> None:
-    """Give ``model`` back the user's settings ``own`` (default: the saved copy, if any). Idempotent, so an
-    interrupted restore is finished by the next call; the saved copy is dropped last."""
-    if own is None:
-        if model not in _SAVED:  # the common case: nothing switched
-            return
-        own = user_mode(model)
-    attn, flags = own
-    if flags is not None:  # train flags before the attention: the attention marks a switched model
-        for m, training in zip(model.modules(), flags, strict=False):
-            m.training = training
-    if attn is not None and attn != ATTENTION_NAME and model.config._attn_implementation != attn:
-        model.set_attn_implementation(attn)
-    _SAVED.pop(model, None)
-
-
-@contextlib.contextmanager
-def engine_mode(model: Any):
-    """The engine's attention and eval mode for one forward; the user's settings (whatever the user set
-    meanwhile, e.g. ``set_attn_implementation("sdpa")`` or ``train()``) are saved before anything changes
-    and restored after, so the model behaves as before outside the engine. An interrupt at any point leaves
-    either the user's settings or a saved copy that the next forward, step or engine restores (the
-    attention is switched first and restored last, so while it shows ``ATTENTION_NAME`` the copy holds).
-    Costs two ``set_attn_implementation`` calls per forward (~50 µs), as before."""
-    own = user_mode(model)
-    _SAVED[model] = own
-    try:
-        if model.config._attn_implementation != ATTENTION_NAME:
-            model.set_attn_implementation(ATTENTION_NAME)
-        if model.training:
-            model.eval()
-        yield
-    finally:
-        restore_user_mode(model, own)
 
 
 class HeadPlan:
