@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -43,6 +44,32 @@ PHASES = ("draft", "forward", "head", "verify", "prefill", "other")
 
 
 # -- the children ------------------------------------------------------------------------------------
+# cProfile's built-in functions (C code: kernels, torch ops) by category; Python is everything else
+CATEGORIES = (
+    ("linear", re.compile(r"linear_rows|_nn\.linear|_linear_pointwise|onednn_mm|weight_packed_linear|addmm|"
+                          r"method 'mm'|matmul")),
+    ("attention", re.compile(r"tree_attention|scaled_dot_product|attention|attn")),
+    ("other torch", re.compile(r"torch|_ops|_C\.")),
+)  # fmt: skip
+
+
+def profiled(fn):
+    """Runs ``fn()`` under cProfile; returns its result and seconds by category (see CATEGORIES)."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    out = prof.runcall(fn)
+    split = dict.fromkeys([c for c, _ in CATEGORIES] + ["other C", "python"], 0.0)
+    for (filename, _, name), row in pstats.Stats(prof).stats.items():
+        tottime = row[2]
+        if filename != "~":
+            split["python"] += tottime
+            continue
+        split[next((c for c, pat in CATEGORIES if pat.search(name)), "other C")] += tottime
+    return out, split
+
+
 def run_engine(job: dict) -> dict:
     """One sssd engine run (this interpreter's environment)."""
     import torch
@@ -59,8 +86,13 @@ def run_engine(job: dict) -> dict:
     engine = sssd.Engine(model, tok, drafter=drafter, config=cfg)
     engine.generate([job["prompts"][0]], max_new_tokens=8)  # warm-up, as for vLLM
     st0 = _engine_totals(engine.stats)
+    run = lambda: engine.generate(job["prompts"], max_new_tokens=int(job["max_tokens"]))  # noqa: E731
+    split = None
     t0 = time.perf_counter()
-    res = engine.generate(job["prompts"], max_new_tokens=int(job["max_tokens"]))
+    if job.get("profile"):
+        res, split = profiled(run)
+    else:
+        res = run()
     wall = time.perf_counter() - t0
     st1 = _engine_totals(engine.stats)
     d = {k: st1[k] - st0[k] for k in st1}
@@ -69,7 +101,7 @@ def run_engine(job: dict) -> dict:
     phases["other"] = wall - sum(v for v in phases.values() if v)
     tokens = [list(r.tokens) for r in res]
     return {"wall_s": wall, "tokens": tokens, "request_steps": sum(r.stats.steps for r in res),
-            "steps": d["steps"], "phases": phases, "draft_tokens": d["nodes"]}  # fmt: skip
+            "steps": d["steps"], "phases": phases, "draft_tokens": d["nodes"], "profile": split}  # fmt: skip
 
 
 def _engine_totals(st) -> dict:
@@ -144,8 +176,13 @@ def run_vllm(job: dict) -> dict:
     llm.generate(prompts[:1], vllm.SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)
     before = _spec_counters(llm)
     s0, n0 = dict(clock.s), clock.steps
+    run = lambda: llm.generate(prompts, sp, use_tqdm=False)  # noqa: E731
+    split = None
     t0 = time.perf_counter()
-    outs = llm.generate(prompts, sp, use_tqdm=False)
+    if job.get("profile"):
+        outs, split = profiled(run)
+    else:
+        outs = run()
     wall = time.perf_counter() - t0
     after = _spec_counters(llm)
     phases = {k: clock.s[k] - s0[k] for k in PHASES}
@@ -155,7 +192,7 @@ def run_vllm(job: dict) -> dict:
     new = sum(map(len, tokens))
     drafted = after.get("num_draft_tokens", 0.0) - before.get("num_draft_tokens", 0.0)
     return {"wall_s": wall, "tokens": tokens, "request_steps": new - accepted, "steps": clock.steps - n0,
-            "phases": phases, "draft_tokens": drafted}  # fmt: skip
+            "phases": phases, "draft_tokens": drafted, "profile": split}  # fmt: skip
 
 
 def _find_model(llm):
@@ -246,6 +283,8 @@ def summarize(results: dict, runs, batches, rounds: int) -> list[dict]:
             row["scored"] = 1 + last["draft_tokens"] / max(last["request_steps"], 1)
             row["phases"] = {k: v for k, v in last["phases"].items() if v is not None}
             row["wall_s"] = last["wall_s"]
+            if last.get("profile"):
+                row["profile_ms"] = {k: 1e3 * v / max(last["steps"], 1) for k, v in last["profile"].items()}
             own = "vllm-plain" if name.startswith("vllm") else "engine-plain"
             for key, base in (("identical", own), ("identical to vllm-plain", "vllm-plain")):
                 ref = results.get((b, len(got) - 1, base)) or next(
@@ -282,6 +321,20 @@ def print_table(rows: list[dict]) -> None:
         )
 
 
+def print_profile(rows: list[dict]) -> None:
+    keys = [c for c, _ in CATEGORIES] + ["other C", "python"]
+    print(
+        "\nms per step by where the time went (cProfile: C functions by category, Python the rest; "
+        "profiling slows Python, so compare the columns more than the totals)\n"
+    )
+    print("| batch | run | scored | " + " | ".join(keys) + " |")
+    print("|---" * (len(keys) + 3) + "|")
+    for r in rows:
+        if "profile_ms" in r:
+            cells = " | ".join(f"{r['profile_ms'][k]:.1f}" for k in keys)
+            print(f"| {r['batch']} | {r['run']} | {r['scored']:.2f} | {cells} |")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--vllm-python", default=os.environ.get("SSSD_VLLM_PYTHON", "build/vllm-venv/bin/python"))
@@ -296,6 +349,7 @@ def main() -> int:
     ap.add_argument("--k", type=int, default=8, help="vLLM's num_speculative_tokens")
     ap.add_argument("--budget", type=int, default=32, help="the engine's adaptive policy: 0..budget nodes")
     ap.add_argument("--vllm-config", default="{}", help="extra SSSD_VLLM_CONFIG keys for vllm-sssd (JSON)")
+    ap.add_argument("--profile", action="store_true", help="also split each step by cProfile (slower)")
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "engine_vs_vllm.json")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
@@ -314,7 +368,8 @@ def main() -> int:
     batches = [int(x) for x in args.batches.split(",")]
     base = {"model": str(ensure_hf_model()), "prompts": prompt_ids(args.prompt_set, args.prompts),
             "max_tokens": args.max_tokens, "datastore": str(demo_datastore()), "dtype": args.dtype,
-            "threads": args.threads, "k": args.k, "vllm_config": json.loads(args.vllm_config)}  # fmt: skip
+            "threads": args.threads, "k": args.k, "vllm_config": json.loads(args.vllm_config),
+            "profile": args.profile}  # fmt: skip
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} cores)")
     results: dict = {}
     for b in batches:
@@ -336,6 +391,8 @@ def main() -> int:
         f"engine 0..{args.budget}\n"
     )
     print_table(rows)
+    if args.profile:
+        print_profile(rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(".tmp")
     tmp.write_text(json.dumps({"command": " ".join(sys.argv), "rows": rows}, indent=1))
