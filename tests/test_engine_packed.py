@@ -150,8 +150,12 @@ def test_attention_option_is_validated_and_auto_resolves(monkeypatch):
     with pytest.raises(ValueError, match="attention"):
         ModelAdapter(tiny_model("llama"), attention="dense")
     monkeypatch.delenv("SSSD_ATTENTION", raising=False)
-    expected = "packed" if cuda_ops.kernel_can_run(tiny_model("llama").device, torch.float32, 8) else "sdpa"
-    assert ModelAdapter(tiny_model("llama")).attention == expected == "sdpa"  # float32, head dim 8
+    # a CPU in float32: sssd's CPU tree kernel; in bfloat16 no kernel serves it (SDPA)
+    assert cuda_ops.cpu_kernel_can_run("cpu", torch.float32) and not cuda_ops.kernel_can_run(
+        "cpu", torch.float32, 8
+    )
+    assert ModelAdapter(tiny_model("llama")).attention == "packed"
+    assert ModelAdapter(tiny_model("llama").to(torch.bfloat16)).attention == "sdpa"
     monkeypatch.setenv("SSSD_ATTENTION", "emulated")
     assert ModelAdapter(tiny_model("llama")).attention == "emulated"
     assert ModelAdapter(tiny_model("llama"), attention="sdpa").attention == "sdpa"  # explicit wins

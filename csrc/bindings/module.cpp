@@ -9,6 +9,8 @@ namespace py = pybind11;
 
 namespace sssd_py {
 void bind_tree_attention_emulation(py::module_& m);  // tree_attention_emulate_bindings.cpp
+void bind_linear_rows(py::module_& m);  // linear_bindings.cpp
+void bind_tree_attention_cpu(py::module_& m);  // tree_attention_cpu_bindings.cpp
 }
 
 PYBIND11_MODULE(_core, m) {
@@ -41,4 +43,6 @@ PYBIND11_MODULE(_core, m) {
   sssd_py::bind_datastore(m);
   sssd_py::bind_drafter(m);
   sssd_py::bind_tree_attention_emulation(m);
+  sssd_py::bind_linear_rows(m);
+  sssd_py::bind_tree_attention_cpu(m);
 }

@@ -15,12 +15,14 @@ All requests' trees are packed into one row (``input_ids`` ``[1, N]``). Attentio
   call per layer with a dense boolean mask over each request's rows;
 - ``"packed"``: the packed layout goes as is to :func:`sssd.kernels.tree_attention.hf_tree_attention`, which
   runs the CUDA tree kernel (CUDA tensors, fp16/bf16, head dim 64/128: committed rows unmasked, tree nodes
-  through 128-bit ancestor masks, no padding) and otherwise the float64 reference of that kernel (slow; the
-  GPU suite's "float32 reference mode"). Trees of more than 128 nodes (long prefill chunks) use SDPA.
+  through 128-bit ancestor masks, no padding), on a CPU in float32 sssd's CPU tree kernel (the same
+  layout; each request reads its own rows only, once per KV head) and otherwise the float64 reference of
+  the CUDA kernel (slow; the GPU suite's "float32 reference mode"). Trees of more than 128 nodes (long
+  prefill chunks) use SDPA.
 - ``"emulated"`` (tests): the packed path through the host emulation of the kernel's tiling (float32).
 - ``"auto"`` (default): the backend named by the environment variable ``SSSD_ATTENTION`` if set, else
-  ``"packed"`` when the kernel can run the model (built extension, CUDA device, fp16/bf16 weights, head
-  dim 64 or 128), else ``"sdpa"``.
+  ``"packed"`` when a kernel can run the model (the CUDA kernel: built extension, CUDA device, fp16/bf16
+  weights, head dim 64 or 128; the CPU kernel: float32 weights on a CPU), else ``"sdpa"``.
 
 Both paths first write the step's K/V into the cache rows after each request's committed rows (the
 scratch tail); ``commit`` then gathers the accepted nodes into place for all layers at once.
@@ -41,7 +43,7 @@ import torch
 from sssd.engine.attention import tree_attention
 from sssd.engine.kv_cache import CacheShape, KVCache, StepWrites
 from sssd.engine.masks import ancestor_bits, dense_visibility
-from sssd.engine.model_mode import ATTENTION_NAME, engine_mode, restore_user_mode
+from sssd.engine.shadow import shadow_model
 from sssd.engine.static_step import (
     CompileError,
     StaticArgs,
@@ -52,8 +54,10 @@ from sssd.engine.static_step import (
     static_attention,
 )
 from sssd.engine.trees import Tree, chain_tree
+from sssd.kernels.linear import fast_linears
 from sssd.kernels.tree_attention import MAX_TREE_NODES
 
+ATTENTION_NAME = "sssd_tree"
 ATTENTION_BACKENDS = ("auto", "sdpa", "packed", "emulated")
 
 
@@ -265,6 +269,7 @@ class ModelAdapter:
         initial_capacity: int = 256,
         attention: str = "auto",
         compile: bool | str = False,
+        linear: str = "auto",
     ):
         cls = type(model).__name__
         if attention not in ATTENTION_BACKENDS:
@@ -279,10 +284,12 @@ class ModelAdapter:
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
         _register()
-        restore_user_mode(model)  # a switch an interrupt cut short (an earlier engine's): finished first
+        # the engine's own view of the model (sssd.engine.shadow): same weights, its own attention setting
+        # and eval mode; the user's model is never switched, so nothing can leave it switched
+        view = shadow_model(model)
         try:
-            with engine_mode(model):  # the model keeps its own attention outside the engine's forwards
-                uses_interface = getattr(config, "_attn_implementation", None) == ATTENTION_NAME
+            view.set_attn_implementation(ATTENTION_NAME)
+            uses_interface = getattr(view.config, "_attn_implementation", None) == ATTENTION_NAME
         except Exception as e:
             raise ValueError(
                 f"{cls} cannot switch its attention implementation to '{ATTENTION_NAME}': {e}"
@@ -292,6 +299,7 @@ class ModelAdapter:
                 f"{cls} does not use transformers' AttentionInterface, so sssd cannot replace its attention"
             )
         self.model = model
+        self.view = view
         self.model_class = cls
         self.prefill_chunk = prefill_chunk
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -309,6 +317,8 @@ class ModelAdapter:
         mode = resolve_compile(compile, shape.device, self.attention, explicit_attention=attention != "auto")
         self.static = StaticStep(self, mode) if mode is not None else None
         self.head_plan = HeadPlan()  # when verification asks the output head for many rows at once
+        # CPU: the linear layers' kernel for each row count, measured here (sssd.kernels.linear)
+        self.linear_plan = fast_linears(view, linear) if self.static is None else None
         self._probe()
 
     @staticmethod
@@ -316,6 +326,7 @@ class ModelAdapter:
         from sssd.kernels import tree_attention as cuda_ops
 
         fits = cuda_ops.kernel_can_run(shape.device, shape.dtype, shape.head_dim)
+        fits = fits or cuda_ops.cpu_kernel_can_run(shape.device, shape.dtype)
         if attention == "auto":
             forced = os.environ.get("SSSD_ATTENTION", "auto")
             if forced not in ATTENTION_BACKENDS:
@@ -341,20 +352,12 @@ class ModelAdapter:
         input_ids = torch.from_numpy(np.ascontiguousarray(ids, dtype=np.int64)).to(dev).unsqueeze(0)
         position_ids = torch.from_numpy(np.ascontiguousarray(pos, dtype=np.int64)).to(dev).unsqueeze(0)
         kw = dict(input_ids=input_ids, position_ids=position_ids, use_cache=False, sssd_step=ctx)
-        with torch.inference_mode(), self._engine_mode():
+        with torch.inference_mode():
             if mode == "logits" or (mode == "none" and self._base is None):
-                out = self.model(**kw, logits_to_keep=0 if mode == "logits" else 1)
+                out = self.view(**kw, logits_to_keep=0 if mode == "logits" else 1)
                 return out.logits[0] if mode == "logits" else None
             hidden = self._base(**kw).last_hidden_state[0]
         return hidden if mode == "hidden" else None
-
-    def restore_user_mode(self) -> None:
-        """Finish a switch of the model's settings that an interrupt cut short (a no-op otherwise)."""
-        restore_user_mode(self.model)
-
-    def _engine_mode(self):
-        """The engine's attention and eval mode for one forward (see :func:`engine_mode`)."""
-        return engine_mode(self.model)
 
     def _probe(self) -> None:
         """Tiny forwards on a scratch slot: every layer must call our attention exactly once; and the
@@ -367,11 +370,10 @@ class ModelAdapter:
             ctx = self._context(slot, [tree])
             ctx.record = True
             logits = self._run(tree.tokens, tree.depth, ctx, "logits")
-            base = getattr(self.model, "base_model", None)
-            head = (
-                self.model.get_output_embeddings() if hasattr(self.model, "get_output_embeddings") else None
-            )
-            if base is not None and base is not self.model and head is not None:
+            view = self.view
+            base = getattr(view, "base_model", None)
+            head = view.get_output_embeddings() if hasattr(view, "get_output_embeddings") else None
+            if base is not None and base is not view and head is not None:
                 self._base, self._head = base, head
                 try:
                     hidden = self._run(tree.tokens, tree.depth, self._context(slot, [tree]), "hidden")

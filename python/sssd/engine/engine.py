@@ -61,6 +61,7 @@ from sssd.engine.stats import Budget, EngineStats, StepRecord
 from sssd.engine.threads import one_step_at_a_time
 from sssd.engine.trees import check_drafts, root_tree
 from sssd.engine.verify import verify_step
+from sssd.kernels.linear import LINEAR_BACKENDS
 from sssd.policy.interface import DEFAULT_BUDGET, FixedBudget, StepView
 
 log = logging.getLogger("sssd.engine")
@@ -90,6 +91,11 @@ class EngineConfig:
     # captured runs eagerly, with one warning naming the cause. With "auto", the environment variable
     # SSSD_COMPILE (0, 1 or a mode) decides instead.
     compile: bool | str = "auto"
+    # the linear layers of the engine's forwards on a CPU: "auto" (for each row count the kernel a short
+    # measurement at start-up finds fastest: torch's, sssd's own "rows" kernel or oneDNN on prepacked
+    # weights, the latter only where its copy of the weights fits in memory), or one of "torch", "rows",
+    # "packed" for every forward of 2 rows or more. See sssd.kernels.linear.
+    linear: str = "auto"
     history_size: int = 1024  # StepTimings kept in EngineStats.history (the most recent steps)
     # results of finished requests kept for result(rid) once their final event was handed out (the most
     # recent ones; generate() and stream() take their own)
@@ -110,6 +116,8 @@ class EngineConfig:
             raise ValueError(
                 f"EngineConfig.attention must be one of {ATTENTION_BACKENDS}, got {self.attention!r}"
             )
+        if self.linear not in LINEAR_BACKENDS:
+            raise ValueError(f"EngineConfig.linear must be one of {LINEAR_BACKENDS}, got {self.linear!r}")
         if not isinstance(self.compile, (bool, str)):
             raise ValueError(f"EngineConfig.compile must be True, False or a mode, got {self.compile!r}")
         if self.policy is not None and not (hasattr(self.policy, "plan") and hasattr(self.policy, "observe")):
@@ -140,6 +148,7 @@ class Engine(RequestsMixin, RunsMixin):
             initial_capacity=self.config.initial_cache_rows,
             attention=self.config.attention,
             compile=self.config.compile,
+            linear=self.config.linear,
         )
         if self.adapter.static is not None:  # the static forward's graphs are specialised to the cache shape
             self.adapter.cache.reserve_slots(pow2_at_least(self.config.max_batch_size))

@@ -200,7 +200,6 @@ class RequestsMixin:
         """Bring the batch back to its invariants after something escaped a step (see
         ``sssd.engine.recovery``); on the fast path a few comparisons. Returns the final events of requests
         that an interrupted step finished but did not hand out, and those requests."""
-        self.adapter.restore_user_mode()  # a model an interrupt left switched to the engine's settings
         active = self._active
         if self._waiting and active:  # admitted while still queued (an interrupted admission)
             running = {r.rid for r in active}

@@ -175,7 +175,8 @@ def _static_forward(model, hidden, input_ids, position_ids, committed, ancestors
 class HookWatch:
     """The forward hooks of a model (and torch's global ones): a compiled graph or a captured CUDA graph
     runs without them (dynamo does not guard on hooks; a replay runs no Python), so a model with hooks
-    must run its forward eagerly. Checked before every static forward: one glance at each hook dict.
+    must run its forward eagerly. Checked before every static forward: one glance at each hook dict (the
+    engine's view of the model, ``sssd.engine.shadow``, holds the user's modules' very dicts).
     transformers' own output-capturing hooks are left out: they act only when a forward asks for hidden
     states or attentions, which the engine's never do."""
 
@@ -273,7 +274,7 @@ class StaticStep:
                 f"compile={self.mode!r} would skip"
             )
         bufs = self._fill(bucket, trees, committed)
-        model = adapter._base if adapter.lazy_head else adapter.model
+        model = adapter._base if adapter.lazy_head else adapter.view
         names = ("input_ids", "position_ids", "committed", "ancestors", "row_ids")
         args = (model, adapter.lazy_head, *(bufs[k] for k in names))
         self.last_compile_time = 0.0
@@ -292,15 +293,15 @@ class StaticStep:
         if self.mode == "cudagraph":
             return self._replay(bucket, args)
         fn, views = self._function(bucket), self._cache_views(bucket)
-        with torch.inference_mode(), self.adapter._engine_mode():
+        with torch.inference_mode():
             return self._first_call(bucket, fn, *args, *views) if first else fn(*args, *views)
 
     def _first_call(self, bucket: Bucket, fn: Any, *args: Any) -> Any:
         """``fn(*args)``, the first call of a bucket's function (which compiles or captures it): an
         exception from it means the bucket cannot be compiled (``CompileError``, the forward runs eagerly
         from then on), except running out of memory. Only this call is covered: an interrupt, or an
-        exception raised around it (the model's switch to the engine's settings), is no compiler's and
-        propagates as it is (the step resumes and compiles the bucket then)."""
+        exception raised around it, is no compiler's and propagates as it is (the step resumes and
+        compiles the bucket then)."""
         try:
             return fn(*args)
         except (torch.OutOfMemoryError, MemoryError):
@@ -346,7 +347,7 @@ class StaticStep:
             graph, out = self._graphs[bucket][:2]
             graph.replay()
             return out
-        with torch.inference_mode(), self.adapter._engine_mode():
+        with torch.inference_mode():
             graph, out = self._first_call(bucket, self._capture, fn, args, views)
         self._graphs[bucket] = (graph, out, cache.keys, cache.values)
         graph.replay()

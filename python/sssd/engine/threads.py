@@ -76,7 +76,6 @@ def one_step_at_a_time(step: Any) -> Any:
             self._out = delivered  # first: this step's events did not reach the caller
             if self._lock._is_owned():
                 self._lock.release()
-            self.adapter.restore_user_mode()  # the user's model settings, before the caller sees the error
             raise
 
     return run

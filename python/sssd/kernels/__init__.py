@@ -1,4 +1,5 @@
-"""GPU kernels: torch-facing wrappers of ``sssd._cuda`` (tree attention, KV commit) and their references.
+"""Kernels: torch-facing wrappers of ``sssd._cuda`` (tree attention, KV commit) and of the CPU kernels of
+``sssd._core`` (``linear``: the linear layers of a verification forward), and their references.
 
 ``tree_attention`` checks devices, dtypes, shapes and contiguity and passes raw pointers and the stream
 to the extension (which never links libtorch); ``reference`` holds the float64 references and the host

@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from sssd import _core
+
 try:  # the extension exists only in builds with a CUDA compiler
     from sssd import _cuda
 except ImportError:  # pragma: no cover - depends on the build
@@ -283,6 +285,34 @@ def kernel_supports(q, k_tree) -> bool:
     )
 
 
+def cpu_kernel_can_run(device, dtype) -> bool:
+    """Whether sssd's CPU tree attention can serve a model on ``device`` with weights of ``dtype``."""
+    torch = _torch()
+    return (
+        torch.device(device).type == "cpu" and dtype == torch.float32 and hasattr(_core, "tree_attention_cpu")
+    )
+
+
+def cpu_kernel_supports(q) -> bool:
+    """True when sssd's CPU tree attention (``sssd._core.tree_attention_cpu``, float32) can run ``q``."""
+    return q.device.type == "cpu" and str(q.dtype) == "torch.float32" and hasattr(_core, "tree_attention_cpu")
+
+
+def tree_attention_cpu(q, k_tree, v_tree, k_cache, v_cache, trees: PackedTrees, *, scale=None, isa: int = 0):
+    """Tree attention on the CPU in float32 (``csrc/core/tree_attention_cpu.h``): q ``[N, Hq, D]``,
+    k_tree/v_tree ``[N, Hkv, D]``, k_cache/v_cache ``[slots, Hkv, rows, D]`` (the engine's cache layout;
+    any strides with a contiguous last dimension, read without copies). Returns ``[N, Hq, D]``."""
+    torch = _torch()
+    out = torch.empty(q.shape, dtype=q.dtype)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    _core.tree_attention_cpu(
+        q.numpy(), k_tree.numpy(), v_tree.numpy(), k_cache.numpy(), v_cache.numpy(), trees.offsets_host,
+        trees.ctx_lens_host, trees.slots_host, trees.masks_host, out.numpy(), scale, torch.get_num_threads(),
+        isa,
+    )  # fmt: skip
+    return out
+
+
 def dispatch_tree_attention(q, k_tree, v_tree, k_cache, v_cache, trees: PackedTrees, *, scale=None):
     """The attention function's entry point: the CUDA kernel when :func:`kernel_supports` says so, else the
     float64 reference on the tensors' device (any dtype, any head dim), cast back to q's dtype."""
@@ -305,6 +335,8 @@ def hf_tree_attention(
     """
     q = query[0].transpose(0, 1)
     k_tree, v_tree = key[0].transpose(0, 1), value[0].transpose(0, 1)
+    if not emulate and cpu_kernel_supports(q):
+        return tree_attention_cpu(q, k_tree, v_tree, k_cache, v_cache, trees, scale=scale).unsqueeze(0)
     kc, vc = k_cache.transpose(1, 2), v_cache.transpose(1, 2)  # [slots, rows, Hkv, D] views
     if emulate:
         out = tree_attention_emulated(q, k_tree, v_tree, kc, vc, trees, scale=scale)
