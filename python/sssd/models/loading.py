@@ -172,25 +172,29 @@ def chat_ids(tokenizer: Any, text: str) -> list[int]:
 
 def read_prompts(path: str | Path) -> list[dict[str, Any]]:
     """Prompts from a file: ``.jsonl`` lines with ``prompt_ids`` (token ids) or ``text``/``prompt``
-    (and optionally ``id``), or any other file with one text prompt per non-empty line."""
+    (and optionally ``id``), or any other file with one text prompt per non-empty line. Every error names
+    the file (a binary file is not UTF-8 text)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"prompts file not found: {path}")
-    out: list[dict[str, Any]] = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            if path.suffix == ".jsonl":
-                obj = json_object(line, f"{path}:{n}")
-                text = obj.get("text", obj.get("prompt"))
-                if "prompt_ids" not in obj and not isinstance(text, str):
-                    raise ValueError(f"{path}:{n}: needs 'prompt_ids' or a 'text'/'prompt' string")
-                out.append(
-                    {"id": obj.get("id", f"{path.stem}/{n}"), "text": text, "ids": obj.get("prompt_ids")}
-                )
-            else:
-                out.append({"id": f"{path.stem}/{n}", "text": line.rstrip("\n"), "ids": None})
+    try:
+        with open(path, encoding="utf-8") as f:
+            out = [_prompt_item(path, n, line) for n, line in enumerate(f, 1) if line.strip()]
+    except UnicodeDecodeError:
+        raise ValueError(
+            f"{path} is not UTF-8 text: prompts come from a text file (one per line) or a .jsonl file"
+        ) from None
     if not out:
         raise ValueError(f"{path} has no prompts")
     return out
+
+
+def _prompt_item(path: Path, n: int, line: str) -> dict[str, Any]:
+    """Line ``n`` of a prompts file as {id, text, ids}."""
+    if path.suffix != ".jsonl":
+        return {"id": f"{path.stem}/{n}", "text": line.rstrip("\n"), "ids": None}
+    obj = json_object(line, f"{path}:{n}")
+    text = obj.get("text", obj.get("prompt"))
+    if "prompt_ids" not in obj and not isinstance(text, str):
+        raise ValueError(f"{path}:{n}: needs 'prompt_ids' or a 'text'/'prompt' string")
+    return {"id": obj.get("id", f"{path.stem}/{n}"), "text": text, "ids": obj.get("prompt_ids")}
