@@ -211,8 +211,8 @@ def run(args: argparse.Namespace) -> int:
 
     what = "plain, adaptive and fixed-budget" if args.full else "plain decoding against adaptive"
     print(
-        f"sssd demo: SmolLM2-135M-Instruct on {len(items)} bundled prompts, up to {new} new tokens each, "
-        f"{what} speculation, outputs compared"
+        f"sssd demo: SmolLM2-135M-Instruct on {len(items)} bundled prompt{'s' * (len(items) > 1)}, up to "
+        f"{new} new tokens each, {what} speculation, outputs compared"
         + ("" if args.full else f" (--full: {FULL_TOKENS} tokens and a fixed budget too, minutes)")
     )
     with tempfile.TemporaryDirectory(prefix="sssd-demo-") as tmp:

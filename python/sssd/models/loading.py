@@ -16,10 +16,10 @@ from sssd.fileio import json_object
 DTYPES = ("float32", "bfloat16", "float16")
 DTYPE_CHOICES = ("auto", *DTYPES)  # what --dtype accepts
 DTYPE_HELP = (
-    "model weights: auto (float32 on a CPU: the exactness reference, greedy output identical token for "
-    "token to plain decoding; bfloat16 on a GPU), float32, bfloat16 or float16. In bfloat16/float16 a "
-    "forward over many tokens rounds differently from one-token forwards, so outputs can drift from plain "
-    "decoding in the same dtype"
+    "model weights: auto (on a GPU bfloat16; on a CPU whichever of float32 and bfloat16 a few timed "
+    "forwards find faster on this machine, said in the header), float32 (greedy output identical token "
+    "for token to plain decoding), bfloat16 or float16. In bfloat16/float16 a forward over many tokens "
+    "rounds differently from one-token forwards, so outputs can drift from plain decoding in the same dtype"
 )
 
 
@@ -42,9 +42,9 @@ def cpu_bf16_units() -> str | None:
 
 
 def resolve_dtype(dtype: str, device: str) -> str:
-    """The dtype to load for ``--dtype`` on ``device`` (as resolved by :func:`resolve_device`): ``auto`` is
-    float32 on a CPU, with or without bfloat16 units (float32 is where greedy speculation is exact; the
-    faster bfloat16 stays the user's choice) and bfloat16 on a GPU."""
+    """The dtype to load for ``--dtype`` on ``device`` (as resolved by :func:`resolve_device`) without
+    measuring anything: ``auto`` is float32 on a CPU (where greedy speculation is exact) and bfloat16 on a
+    GPU. The commands' ``--dtype auto`` on a CPU times both instead (``sssd.cli.dtypes``)."""
     if dtype not in DTYPE_CHOICES:
         raise ValueError(f"dtype must be one of {DTYPE_CHOICES}, got {dtype!r}")
     if dtype != "auto":
