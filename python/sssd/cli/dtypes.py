@@ -74,19 +74,26 @@ def time_forwards(*models: Any) -> list[tuple[float, ...]]:
     import torch
 
     vocab = int(models[0].get_input_embeddings().num_embeddings)
+    device = next(models[0].parameters()).device
     gen = torch.Generator().manual_seed(0)
     out: list[list[float]] = [[] for _ in models]
+
+    def forward(model: Any, ids: Any) -> None:
+        model(input_ids=ids, use_cache=False)
+        if device.type == "cuda":  # the forward's kernels, not only their launch
+            torch.cuda.synchronize(device)
+
     with torch.inference_mode():
         for n in PROBE_TOKENS:
-            ids = torch.randint(0, vocab, (1, n), generator=gen)
+            ids = torch.randint(0, vocab, (1, n), generator=gen).to(device)
             t0 = time.perf_counter()
             for model in models:  # warm-up: kernels chosen, buffers allocated
-                model(input_ids=ids, use_cache=False)
+                forward(model, ids)
             times: list[list[float]] = [[] for _ in models]
             for _ in range(_reps((time.perf_counter() - t0) / len(models))):
                 for k, model in enumerate(models):
                     t = time.perf_counter()
-                    model(input_ids=ids, use_cache=False)
+                    forward(model, ids)
                     times[k].append(time.perf_counter() - t)
             for k in range(len(models)):
                 out[k].append(1e3 * statistics.median(times[k]))
