@@ -57,12 +57,14 @@ def load_tokenizer(spec: str | None, say: Callable[[str], None] | None = None) -
     fast = tokenizer_cache.load_cached(directory, cache, full)
     if fast is not None:
         return fast
-    say(
-        f"loading the tokenizer {directory} with transformers (seconds, this once: what a build needs of "
-        f"it is kept in {cache}, and later builds read it in a tenth of a second)"
-    )
+    t0 = time.perf_counter()
     tok = full()
     tokenizer_cache.save(directory, cache, tok)
+    if tokenizer_cache.entry_path(directory, cache).is_file():
+        say(
+            f"the tokenizer {directory} took {time.perf_counter() - t0:.1f} s to load with transformers; "
+            f"what a build needs of it is now kept in {cache}, so later builds read it in a tenth of a second"
+        )
     return tok
 
 
