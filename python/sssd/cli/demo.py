@@ -188,12 +188,14 @@ def _run_all(items, rows: list[Row], tok, new: int, started: float, estimate: fl
     progress = ProgressLine()
     for i, it in enumerate(items):
         ids = chat_ids(tok, it["text"])
-        for j in range(len(rows)):
-            row = rows[(i + j) % len(rows)]
-            before = (row.tokens, row.seconds)
-            row.run(ids, new, progress)
-            row.last_rate = (row.tokens - before[0]) / max(row.seconds - before[1], 1e-9)
-        progress.clear()
+        try:
+            for j in range(len(rows)):
+                row = rows[(i + j) % len(rows)]
+                before = (row.tokens, row.seconds)
+                row.run(ids, new, progress)
+                row.last_rate = (row.tokens - before[0]) / max(row.seconds - before[1], 1e-9)
+        finally:  # also on Ctrl-C: the next line starts clean
+            progress.clear()
         rates = ", ".join(f"{r.label.split(' ')[0]} {r.dtype} {r.last_rate:.1f}" for r in rows)
         elapsed = time.perf_counter() - started
         print(
