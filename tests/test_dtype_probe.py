@@ -33,8 +33,9 @@ def test_the_choice_weighs_the_forwards_the_run_makes():
     assert not DtypeProbe((30.0, 60.0), (60.0, 120.0)).faster()  # emulated bfloat16
     text = amx.text()
     assert "1-token forward 30.0 ms in float32, 35.0 ms in bfloat16" in text and "measured now" in text
-    busy = DtypeProbe((1.0, 2.0), (1.0, 2.0), busy="other processes used 1.0 of 2 cores")
+    busy = DtypeProbe((30.0, 60.0), (15.0, 30.0), busy="other processes used 1.0 of 2 cores")
     assert "unreliable, the machine was busy: other processes used" in busy.text()
+    assert not busy.faster()  # a busy machine's times are no evidence: float32, the exact one
 
 
 def test_the_probe_times_both_dtypes_and_caches_a_quiet_machines_result(tiny, cache, monkeypatch):
@@ -95,3 +96,11 @@ def test_load_model_auto_keeps_a_given_dtype(tmp_path):
     assert choice.dtype == "float32" and choice.why == "" and choice.probe is None
     _, _, _, choice = dtypes.load_model_auto(str(path), "auto", "cpu")  # conftest: float32 faster
     assert choice.dtype == "float32" and choice.why.startswith("auto: bfloat16 took 2.00")
+
+
+def test_a_busy_probe_keeps_float32(tiny, monkeypatch):
+    busy = DtypeProbe((2.0, 4.0), (1.0, 2.0), busy="other processes used 1.2 of 2 cores")
+    monkeypatch.setattr(dtypes, "probe", lambda model, threads: (busy, None))
+    model, choice = dtypes.choose(tiny, 1)
+    assert choice.dtype == "float32" and str(model.dtype) == "torch.float32"
+    assert choice.why.endswith("but the machine was busy while timing (other processes used 1.2 of 2 cores)")

@@ -82,6 +82,8 @@ def _models(args: argparse.Namespace) -> Setup:
             "so plain and adaptive also run in bfloat16 (its outputs can drift from plain bfloat16 "
             "decoding; float32 is where speculative output is exact)"
             if faster
+            else "not a measurement to go by: the runs stay in float32"
+            if probe.busy
             else "not faster: the runs stay in float32"
         )
     )
