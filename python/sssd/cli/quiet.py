@@ -1,7 +1,9 @@
 """Quiet by default: the commands print what they do themselves, so the progress bars and notices of the
-libraries underneath (transformers' "Loading weights" bar on every model load, huggingface_hub's bars,
+libraries underneath (transformers' "Loading weights" bar on every model load, the "Converting and
+de-quantizing GGUF tensors" bar that transformers draws with tqdm itself, huggingface_hub's bars,
 transformers' deprecation notices) are off unless ``--verbose`` is given. The variables are set only
-where the user has not set them; a library already imported (a test calling ``main``) is told directly.
+where the user has not set them; a library already imported (a test calling ``main``) is told directly
+where it can be (tqdm reads its variables when it is imported).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import os
 import sys
 
 # What huggingface_hub and transformers read when they are imported.
-QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error"}
+QUIET_ENV = {"HF_HUB_DISABLE_PROGRESS_BARS": "1", "TRANSFORMERS_VERBOSITY": "error", "TQDM_DISABLE": "1"}
 
 
 def quiet_third_party(verbose: bool = False) -> None:
