@@ -359,7 +359,7 @@ def test_the_speedup_line_says_when_the_machine_was_busy(tiny_dir, monkeypatch, 
     from sssd.policy import contention
 
     busy = iter(range(0, 10**9, 10**6))  # /proc/stat: other processes took every core all the time
-    monkeypatch.setattr(contention, "_system_busy_s", lambda: float(next(busy)))
+    monkeypatch.setattr(contention, "_system_times", lambda: (float(next(busy)), 0.0))
     rc, text, _ = _generate(tiny_dir, capsys, "--prompt", "w1 w2 w3 w1 w2", "--baseline")
     line = next(s for s in text.splitlines() if s.startswith("speedup over plain decoding"))
     assert rc == 0 and "(measured; identical outputs 1/1); unreliable (machine busy: other processes" in line

@@ -51,14 +51,31 @@ def test_the_mark_says_why_in_one_line():
     )
 
 
+def test_a_cpu_bound_run_that_got_little_cpu_was_starved_whatever_others_used():
+    # a one-thread run that got a third of a core while the others used one core of two
+    starved = Contention(10.0, 0.35, 1.1, 2.0, 2, 1, iowait_cores=0.4)
+    assert starved.busy and starved.taken < BUSY_SHARE and starved.lost == pytest.approx(0.65)
+    assert starved.why() == (
+        "other processes used 1.1 of 2 cores, 0.4 cores waited for the disk, load average 2.0 on 2 cores, "
+        "this process got 0.3 cores for 1 thread(s)"
+    )
+    assert not Contention(10.0, 0.95, 1.1, 2.0, 2, 1).busy
+    # a run that waits on a GPU by design uses little CPU: only other processes count
+    gpu = Contention(10.0, 0.2, 0.1, 1.0, 16, 1, cpu_bound=False)
+    assert not gpu.busy and gpu.lost == 0.0
+
+
 def test_worst_is_the_reading_that_lost_most():
     a, b = reading(0.0), reading(1.2)
     assert worst(a, b) is b and worst(b, a) is b
+    starved = reading(0.0, own=0.8)
+    assert worst(a, starved) is starved
 
 
 def test_the_meter_adds_up_its_intervals_and_counts_others_from_proc_stat(monkeypatch):
-    busy_s = iter([100.0, 100.1, 200.0, 200.1])  # /proc/stat: 0.1 s of all cores' time per interval
-    monkeypatch.setattr(contention, "_system_busy_s", lambda: next(busy_s))
+    # /proc/stat: 0.1 s of all cores' time per interval, and 0.01 s of waiting for the disk
+    times = iter([(100.0, 5.0), (100.1, 5.01), (200.0, 6.0), (200.1, 6.01)])
+    monkeypatch.setattr(contention, "_system_times", lambda: next(times))
     monkeypatch.setattr(contention, "_load", lambda: 1.5)
     meter = ContentionMeter(threads=8)
     assert meter.wanted == min(8, meter.cores)
@@ -68,19 +85,20 @@ def test_the_meter_adds_up_its_intervals_and_counts_others_from_proc_stat(monkey
     r = meter.reading()
     assert r.wall_s >= 0.04 and r.own_cores < 0.5 and r.load == 1.5
     assert r.others_cores == pytest.approx(0.2 / r.wall_s, rel=0.05)
+    assert r.iowait_cores == pytest.approx(0.02 / r.wall_s, rel=0.05)
 
 
 def test_the_meter_without_proc_stat_has_no_others(monkeypatch):
-    monkeypatch.setattr(contention, "_system_busy_s", lambda: None)
+    monkeypatch.setattr(contention, "_system_times", lambda: None)
     meter = ContentionMeter(1)
     with meter:
         pass
-    assert meter.reading().others_cores is None
+    assert meter.reading().others_cores is None and meter.reading().iowait_cores is None
 
 
 def test_proc_stat_is_read_where_there_is_one():
-    busy = contention._system_busy_s()
-    assert busy is None or busy > 0
+    times = contention._system_times()
+    assert times is None or (times[0] > 0 and times[1] >= 0)
 
 
 def steps(*rows):

@@ -139,7 +139,7 @@ def test_a_busy_machine_marks_the_demos_figures_in_their_lines(smollm2, monkeypa
     from sssd.policy import contention
 
     busy = iter(range(0, 10**9, 10**6))  # /proc/stat: other processes took every core all the time
-    monkeypatch.setattr(contention, "_system_busy_s", lambda: float(next(busy)))
+    monkeypatch.setattr(contention, "_system_times", lambda: (float(next(busy)), 0.0))
     assert main(["demo", "--prompts", "1", "--max-new-tokens", "3", "--threads", "1"]) == 0
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.startswith(("      plain decoding |", "    adaptive"))]

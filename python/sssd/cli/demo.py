@@ -166,7 +166,7 @@ def _specs(args, main: str, bf16: bool) -> list[tuple[str, str, int, str]]:
     return specs
 
 
-def _rows(specs, models: dict, ds, threads: int) -> list[Row]:
+def _rows(specs, models: dict, ds, threads: int, device: str) -> list[Row]:
     import sssd
     from sssd.policy.contention import ContentionMeter
 
@@ -176,7 +176,8 @@ def _rows(specs, models: dict, ds, threads: int) -> list[Row]:
         drafter = sssd.Drafter(datastore=ds) if budget else None
         cfg = sssd.EngineConfig(budget=budget, budget_mode=mode, max_batch_size=1)
         engine = sssd.Engine(model, tok, drafter=drafter, config=cfg)
-        rows.append(Row(label, dtype, engine, ContentionMeter(threads)))
+        meter = ContentionMeter(threads if device == "cpu" else 1, cpu_bound=device == "cpu")
+        rows.append(Row(label, dtype, engine, meter))
     return rows
 
 
@@ -200,7 +201,7 @@ def _run_all(items, rows: list[Row], tok, new: int, started: float, estimate: fl
         elapsed = time.perf_counter() - started
         print(
             f"  {i + 1}/{len(items)} {it['kind']:9s} {it['id']:16s} tokens/s: {rates}  "
-            f"({elapsed:.0f} s of ~{estimate:.0f} s)",
+            f"({elapsed:.0f} s, estimated ~{estimate:.0f} s in all)",
             flush=True,
         )
 
@@ -219,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
     )
     with tempfile.TemporaryDirectory(prefix="sssd-demo-") as tmp:
         setup, ds, tok = demo_setup.prepare(args, Path(tmp))
-        rows = _rows(_specs(args, setup.main, setup.bf16), setup.models, ds, setup.threads)
+        rows = _rows(_specs(args, setup.main, setup.bf16), setup.models, ds, setup.threads, setup.device)
         estimate = demo_setup.say_estimate(setup, rows, items, new, time.perf_counter() - t0)
         _run_all(items, rows, tok, new, t0, estimate)
     from sssd.cli.demo_report import report

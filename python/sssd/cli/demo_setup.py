@@ -51,7 +51,7 @@ def prepare(args: argparse.Namespace, tmp: Path) -> tuple[Setup, Any, Any]:
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    meter = ContentionMeter(torch.get_num_threads())
+    meter = ContentionMeter(torch.get_num_threads(), cpu_bound=False)  # loading: mostly one thread
     with meter:
         setup = _models(args)
         ds, tok = _datastore(setup, tmp)

@@ -274,7 +274,8 @@ def run(args: argparse.Namespace) -> int:
     prompts = [it["ids"] for it in items]
     engine = _engine(model, tokenizer, ds, args, args.budget)
     print(describe_run(args, engine, path, ds, chat, items, dtype.why), flush=True)
-    meter = ContentionMeter(torch.get_num_threads() if model.device.type == "cpu" else None)
+    on_cpu = model.device.type == "cpu"  # elsewhere one Python thread drives the device and waits on it
+    meter = ContentionMeter(torch.get_num_threads() if on_cpu else 1, cpu_bound=on_cpu)
     with meter:
         results, seconds = _stream(engine, items, args)
     _print_summary(summary(engine, results, seconds))
