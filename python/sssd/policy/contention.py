@@ -9,8 +9,8 @@ if not, why, in a few words that the programs print next to the figure.
 
 Two signs, either enough: other processes took a share of the cores the run wanted, or a CPU-bound run
 got far less CPU time than its threads could use. The second catches what the first misses: on the
-project's shared VM a one-thread demo run once got 0.35 cores while the other processes used about one
-core of two, and its plain decoding ran at a fifth of its speed.
+project's shared VM a one-thread demo once got 0.35 cores (its whole process) while the other processes
+used about one core of two, and its plain decoding ran at a fifth of its speed.
 
 Only the standard library: the meter costs two file reads per interval.
 """
