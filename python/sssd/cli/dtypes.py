@@ -4,14 +4,16 @@ are faster with them: on one AMD CPU with AVX512-BF16 plain bfloat16 decoding ra
 Intel CPU with AMX a one-token bfloat16 forward is slower than float32 while a 17-token one takes 0.6 of
 its time.
 
-The probe times a few forwards of the model in each dtype (after a warm-up), of 1 token (a plain decoding
-step) and of 17 tokens (a step verifying a draft tree of 16 nodes), without a KV cache: the weights'
-matrix products dominate both. bfloat16 is chosen when it takes at most ``FASTER`` of float32's time, for
-speculative decoding on the geometric mean of the two sizes (its steps are a mix of both), for plain
-decoding (``--budget 0``) on one token. The result is kept in ``$SSSD_CACHE_DIR/probes/dtypes.json``
-under a key naming the CPU (model name and instruction flags), its core count, torch's version and
-threads, and the model's shape, and only when the machine was quiet while it was measured: another
-machine, torch or model measures again, and a busy machine's times are never kept.
+The probe times a few of the engine's own forwards in each dtype (after a warm-up), of 1 token (a plain
+decoding step) and of 17 tokens (a step verifying a draft tree of 16 nodes), after a short committed
+context: the same kernels as the engine's steps (``sssd.kernels.linear`` measures its linear kernels per row
+count once per process and model shape, so the engine built next does not measure again). bfloat16 is chosen
+when it takes at most ``FASTER`` of float32's time, for speculative decoding on the geometric mean of the
+two sizes (its steps are a mix of both), for plain decoding (``--budget 0``) on one token. The result is
+kept in ``$SSSD_CACHE_DIR/probes/dtypes.json`` under a key naming the CPU (model name and instruction
+flags), its core count, torch's version and threads, and the model's shape, and only when the machine was
+quiet while it was measured: another machine, torch or model measures again, and a busy machine's times are
+never kept.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from sssd.policy.contention import ContentionMeter
 PROBE_TOKENS = (1, 17)  # a plain step, a step verifying a 16-node tree
 FASTER = 0.9  # bfloat16 is chosen when it takes at most this share of float32's time
 REPS = 3  # timed forwards per size and dtype, after one warm-up (1 for slow models, see _reps)
+CONTEXT_TOKENS = 64  # committed tokens before the timed forwards (they attend to them, as in decoding)
+PROBE_VERSION = 2  # part of the cache key: 2 times the engine's own forwards (1 timed plain forwards)
 
 
 @dataclass(frozen=True)
@@ -71,31 +75,39 @@ def _reps(seconds_per_forward: float) -> int:
 
 
 def time_forwards(*models: Any) -> list[tuple[float, ...]]:
-    """Median milliseconds of a forward of ``n`` tokens for each ``n`` in ``PROBE_TOKENS``, per model; the
+    """Median milliseconds of the engine's forward of ``n`` tokens (a chain after a short committed
+    context, logits of every row) for each ``n`` in ``PROBE_TOKENS``, per model: the engine's own kernels
+    (its linear kernels measured per row count, its tree attention) decide, not a plain forward's. The
     models take turns forward by forward, so that a passing load slows them alike."""
+    import numpy as np
     import torch
 
+    from sssd.engine.adapter import ModelAdapter
+    from sssd.engine.trees import chain_tree
+
     vocab = int(models[0].get_input_embeddings().num_embeddings)
-    device = next(models[0].parameters()).device
-    gen = torch.Generator().manual_seed(0)
+    rng = np.random.default_rng(0)
+    adapters = [ModelAdapter(model, compile=False) for model in models]
+    context = rng.integers(0, vocab, CONTEXT_TOKENS)
+    for adapter in adapters:
+        adapter.prefill(adapter.cache.add(), context)
     out: list[list[float]] = [[] for _ in models]
 
-    def forward(model: Any, ids: Any) -> None:
-        model(input_ids=ids, use_cache=False)
-        if device.type == "cuda":  # the forward's kernels, not only their launch
-            torch.cuda.synchronize(device)
+    def forward(adapter: Any, tree: Any) -> None:
+        adapter.forward_trees([tree]).logits(np.arange(len(tree.tokens)))
+        adapter.synchronize()  # the forward's kernels, not only their launch
 
     with torch.inference_mode():
         for n in PROBE_TOKENS:
-            ids = torch.randint(0, vocab, (1, n), generator=gen).to(device)
+            tree = chain_tree(rng.integers(0, vocab, n))
             t0 = time.perf_counter()
-            for model in models:  # warm-up: kernels chosen, buffers allocated
-                forward(model, ids)
+            for adapter in adapters:  # warm-up: kernels chosen, buffers allocated
+                forward(adapter, tree)
             times: list[list[float]] = [[] for _ in models]
             for _ in range(_reps((time.perf_counter() - t0) / len(models))):
-                for k, model in enumerate(models):
+                for k, adapter in enumerate(adapters):
                     t = time.perf_counter()
-                    forward(model, ids)
+                    forward(adapter, tree)
                     times[k].append(time.perf_counter() - t)
             for k in range(len(models)):
                 out[k].append(1e3 * statistics.median(times[k]))
@@ -141,7 +153,9 @@ def cache_key(model: Any, threads: int) -> str:
     cfg = model.config
     fields = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "vocab_size")
     shape = [getattr(cfg, k, None) for k in fields]
-    return f"{_cpu_name()} x{os.cpu_count()} | torch {torch.__version__} x{threads} | {shape}"
+    return (
+        f"{_cpu_name()} x{os.cpu_count()} | torch {torch.__version__} x{threads} | {shape} | v{PROBE_VERSION}"
+    )
 
 
 def _cache_path() -> Path:
