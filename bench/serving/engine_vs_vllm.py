@@ -107,7 +107,7 @@ def run_engine(job: dict) -> dict:
 
 def _engine_totals(st) -> dict:
     names = ("draft_time", "forward_time", "head_time", "verify_time", "prefill_time", "steps", "nodes")
-    return {name.removesuffix("_time"): getattr(st, name) for name in names}
+    return {name.removesuffix("_time"): getattr(st, name, 0.0) for name in names}  # older builds: no head
 
 
 class _Clock:
@@ -216,11 +216,11 @@ def _spec_counters(llm) -> dict[str, float]:
 
 
 # -- the driver --------------------------------------------------------------------------------------
-def child(job: dict, python: str, timeout: float) -> dict:
+def child(job: dict, python: str, timeout: float, sssd_path: Path) -> dict:
     with tempfile.TemporaryDirectory(prefix="sssd-vs-") as tmp:
         spec, result = Path(tmp) / "job.json", Path(tmp) / "result.json"
         spec.write_text(json.dumps(job))
-        env = dict(os.environ, PYTHONPATH=str(ROOT / "python"), OMP_NUM_THREADS=str(job["threads"]))
+        env = dict(os.environ, PYTHONPATH=str(sssd_path), OMP_NUM_THREADS=str(job["threads"]))
         proc = subprocess.run(
             [python, str(Path(__file__).resolve()), "--child", str(spec), str(result)],
             capture_output=True, text=True, timeout=timeout, env=env,
@@ -351,6 +351,8 @@ def main() -> int:
     ap.add_argument("--budget", type=int, default=32, help="the engine's adaptive policy: 0..budget nodes")
     ap.add_argument("--vllm-config", default="{}", help="extra SSSD_VLLM_CONFIG keys for vllm-sssd (JSON)")
     ap.add_argument("--profile", action="store_true", help="also split each step by cProfile (slower)")
+    ap.add_argument("--sssd-path", type=Path, default=ROOT / "python",
+                    help="the engine runs' sssd package (another checkout's python/: an A/B)")  # fmt: skip
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "engine_vs_vllm.json")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
@@ -382,7 +384,8 @@ def main() -> int:
                 python = args.vllm_python if name.startswith("vllm") else sys.executable
                 t = time.perf_counter()
                 print(f"batch {b} round {r}: {name} ...", file=sys.stderr, flush=True)
-                results[(b, r, name)] = child(job, python, args.timeout)
+                path = args.sssd_path if name.startswith("engine") else ROOT / "python"
+                results[(b, r, name)] = child(job, python, args.timeout, path)
                 print(f"  {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
     print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     rows = summarize(results, runs, batches, args.rounds)
