@@ -18,8 +18,8 @@ its engine core in the worker process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so 
 the model forward (``_model_forward``), the output head (``compute_logits``), verification (``_sample``:
 the rejection sampler), drafting (``propose_draft_token_ids``: sssd's proposer), prefill (forwards of
 steps that schedule prompt tokens) and the rest (scheduler, input preparation, bookkeeping). The engine
-reports its own phases (``EngineStats``): drafting, forward (with the output head), verification,
-prefill, the rest. Both use ``--threads`` threads (vLLM binds its OpenMP threads to that many cores).
+reports its own phases (``EngineStats``): drafting, forward, output head, verification, prefill, the
+rest. Both use ``--threads`` threads (vLLM binds its OpenMP threads to that many cores).
 
 MAL = tokens per request step. Identical: outputs equal token for token to the same engine's plain run
 (and, in the last column, to plain vLLM's). Speed depends on the machine and its load: the header prints
@@ -96,8 +96,9 @@ def run_engine(job: dict) -> dict:
     wall = time.perf_counter() - t0
     st1 = _engine_totals(engine.stats)
     d = {k: st1[k] - st0[k] for k in st1}
-    phases = {"draft": d["draft"], "forward": d["forward"], "head": None, "verify": d["verify"],
-              "prefill": d["prefill"]}  # fmt: skip
+    # the forward without its output head, like vLLM's _model_forward (its head is compute_logits)
+    phases = {"draft": d["draft"], "forward": d["forward"] - d["head"], "head": d["head"],
+              "verify": d["verify"], "prefill": d["prefill"]}  # fmt: skip
     phases["other"] = wall - sum(v for v in phases.values() if v)
     tokens = [list(r.tokens) for r in res]
     return {"wall_s": wall, "tokens": tokens, "request_steps": sum(r.stats.steps for r in res),
@@ -105,8 +106,8 @@ def run_engine(job: dict) -> dict:
 
 
 def _engine_totals(st) -> dict:
-    return {"draft": st.draft_time, "forward": st.forward_time, "verify": st.verify_time,
-            "prefill": st.prefill_time, "steps": st.steps, "nodes": st.nodes}  # fmt: skip
+    names = ("draft_time", "forward_time", "head_time", "verify_time", "prefill_time", "steps", "nodes")
+    return {name.removesuffix("_time"): getattr(st, name, 0.0) for name in names}  # older builds: no head
 
 
 class _Clock:
@@ -215,11 +216,11 @@ def _spec_counters(llm) -> dict[str, float]:
 
 
 # -- the driver --------------------------------------------------------------------------------------
-def child(job: dict, python: str, timeout: float) -> dict:
+def child(job: dict, python: str, timeout: float, sssd_path: Path) -> dict:
     with tempfile.TemporaryDirectory(prefix="sssd-vs-") as tmp:
         spec, result = Path(tmp) / "job.json", Path(tmp) / "result.json"
         spec.write_text(json.dumps(job))
-        env = dict(os.environ, PYTHONPATH=str(ROOT / "python"), OMP_NUM_THREADS=str(job["threads"]))
+        env = dict(os.environ, PYTHONPATH=str(sssd_path), OMP_NUM_THREADS=str(job["threads"]))
         proc = subprocess.run(
             [python, str(Path(__file__).resolve()), "--child", str(spec), str(result)],
             capture_output=True, text=True, timeout=timeout, env=env,
@@ -350,6 +351,8 @@ def main() -> int:
     ap.add_argument("--budget", type=int, default=32, help="the engine's adaptive policy: 0..budget nodes")
     ap.add_argument("--vllm-config", default="{}", help="extra SSSD_VLLM_CONFIG keys for vllm-sssd (JSON)")
     ap.add_argument("--profile", action="store_true", help="also split each step by cProfile (slower)")
+    ap.add_argument("--sssd-path", type=Path, default=ROOT / "python",
+                    help="the engine runs' sssd package (another checkout's python/: an A/B)")  # fmt: skip
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "engine_vs_vllm.json")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
@@ -381,7 +384,8 @@ def main() -> int:
                 python = args.vllm_python if name.startswith("vllm") else sys.executable
                 t = time.perf_counter()
                 print(f"batch {b} round {r}: {name} ...", file=sys.stderr, flush=True)
-                results[(b, r, name)] = child(job, python, args.timeout)
+                path = args.sssd_path if name.startswith("engine") else ROOT / "python"
+                results[(b, r, name)] = child(job, python, args.timeout, path)
                 print(f"  {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
     print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     rows = summarize(results, runs, batches, args.rounds)

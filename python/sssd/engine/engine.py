@@ -233,7 +233,7 @@ class Engine(RequestsMixin, RunsMixin):
         record = StepRecord(
             reqs, drafts.budget, [len(t.tokens) - 1 for t in trees], [len(p) - 1 for p in paths],
             sum(len(e.tokens) for e in events), context_tokens,
-            t1 - t0, t2 - t1 - compiling + head_s, t3 - t2 - head_s, prefill_s,
+            t1 - t0, t2 - t1 - compiling + head_s, t3 - t2 - head_s, prefill_s, head_s,
         )  # fmt: skip
         self._policy.observe(self.stats.record(record))
         self._count_errors()
