@@ -28,6 +28,7 @@ from pathlib import Path
 from sssd.cli.argtypes import CommandParser, version_text
 from sssd.cli.errors import run_guarded
 from sssd.cli.helpfmt import DefaultsHelpFormatter
+from sssd.cli.quiet import quiet_third_party
 
 from datastore_tools.inputs import ReadOptions
 from datastore_tools.jsonl import PAIR_CHOICES
@@ -49,6 +50,9 @@ def make_parser(prog: str = PROG) -> argparse.ArgumentParser:
     p = CommandParser(prog=prog, description=__doc__, formatter_class=DefaultsHelpFormatter)
     add_arguments(p)
     p.add_argument("--debug", action="store_true", help="show the traceback of an error (or SSSD_DEBUG=1)")
+    p.add_argument(
+        "--verbose", action="store_true", help="also show the progress bars and notices of transformers"
+    )
     p.add_argument("--version", action="version", version=version_text())
     return p
 
@@ -142,6 +146,7 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
         if not e.code:
             raise
         return int(e.code)
+    quiet_third_party(args.verbose)
     return run_guarded(
         prog,
         lambda: build_from_args(args, prog),

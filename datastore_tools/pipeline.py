@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -77,7 +78,8 @@ def _vocabulary(config: BuildConfig, inputs: list[Input]) -> tuple[Any, int, str
                 "that made them"
             )
         return None, config.vocab_size, ""
-    tok = load_tokenizer(config.tokenizer)
+    say = (lambda m: print(f"build-datastore: {m}", file=sys.stderr, flush=True)) if config.progress else None
+    tok = load_tokenizer(config.tokenizer, say)
     vocab = len(tok)
     if config.vocab_size is not None:
         if config.vocab_size < vocab:

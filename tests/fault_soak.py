@@ -21,6 +21,11 @@ In both, after the faults stop the engine must finish every request. The suite r
 
     OMP_NUM_THREADS=1 PYTHONPATH=python:tests python3 tests/fault_soak.py faults [--seeds 100]
     OMP_NUM_THREADS=1 PYTHONPATH=python:tests python3 tests/fault_soak.py chaos [--seeds 40]
+
+``sweep``: not random at all: ``KeyboardInterrupt`` and ``RuntimeError`` at every line of one step, eager
+and compiled (tests/interrupt_sweep.py; the suite runs a stride of it, tests/test_engine_interrupt_sweep.py):
+
+    OMP_NUM_THREADS=1 PYTHONPATH=python:tests python3 tests/fault_soak.py sweep [--stride 1]
 """
 
 from __future__ import annotations
@@ -140,6 +145,34 @@ def chaos(args) -> dict[str, int]:
     return total
 
 
+def sweep(args) -> dict[str, dict[str, int]]:
+    """The ``sweep``: per (forward, exception) the lines of the swept step, the points and the problems."""
+    import time
+
+    from interrupt_sweep import Scenario
+    from interrupt_sweep import sweep as run_sweep
+
+    head = "| forward | exception | lines of the step | exceptions raised | spared by design | not reached"
+    print(head + " | problems | seconds |")
+    print("|---|---|---|---|---|---|---|---|")
+    out = {}
+    for compile in (False, "backend:aot_eager"):
+        scn = Scenario(compile)
+        for exc in (KeyboardInterrupt, RuntimeError):
+            t0 = time.perf_counter()
+            rep = run_sweep(scn, exc, stride=args.stride)
+            forward = "compiled (aot_eager)" if compile else "eager"
+            for p in rep.problems:
+                print(f"{forward}: {p}", file=sys.stderr)
+            seconds = time.perf_counter() - t0
+            print(f"| {forward} | {exc.__name__} | {rep.lines:,} | {rep.points:,} | {rep.spared} | "
+                  f"{rep.unreached} | {len(rep.problems)} | {seconds:.0f} |", flush=True)  # fmt: skip
+            counts = dict(lines=rep.lines, points=rep.points, spared=rep.spared, problems=len(rep.problems))
+            counts["unreached"] = rep.unreached
+            out[f"{forward} {exc.__name__}"] = counts
+    return out
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="soak", required=True)
@@ -154,6 +187,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     c.add_argument("--requests", type=int, default=48, help="requests per run (48)")
     c.add_argument("--new-tokens", type=int, default=32, help="tokens per request (32)")
     c.add_argument("--fault-steps", type=int, default=400, help="step calls with faults per run (400)")
+    w = sub.add_parser("sweep", help="an exception at every line of one step (tests/interrupt_sweep.py)")
+    w.add_argument("--stride", type=int, default=1, help="every n-th line (default 1: all)")
     return ap.parse_args(argv)
 
 
@@ -162,7 +197,7 @@ def main(argv: list[str] | None = None):
     args = parse_args(argv)
     torch.set_num_threads(1)
     logging.getLogger("sssd.engine").setLevel(logging.ERROR)  # the injected faults' warnings
-    return faults(args) if args.soak == "faults" else chaos(args)
+    return {"faults": faults, "chaos": chaos, "sweep": sweep}[args.soak](args)
 
 
 if __name__ == "__main__":

@@ -60,12 +60,48 @@ def test_read_prompts_errors(tmp_path, content, match):
             ["generate", "--prompt", "x", "--datastore", "/nonexistent.sssd", "--model", "/nonexistent/m"],
             "not found: /nonexistent.sssd",
         ),
-        (["demo", "--prompts", "0"], "must be >= 1"),
+        (["demo", "--prompts", "0"], "--prompts: expected an integer >= 1"),
     ],
 )
 def test_cli_argument_errors(argv, match, capsys):
     assert main(argv) == 2
     assert match in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "content,name,match",
+    [
+        (bytes(range(128, 256)), "random.bin", "random.bin is not UTF-8 text"),
+        (b"", "empty.sssd", "empty.sssd: truncated: 0 bytes is smaller than a datastore header"),
+        (b"x" * 4096, "other.sssd", "other.sssd: not an sssd datastore (bad magic bytes)"),
+    ],
+)
+def test_file_errors_name_the_file_before_torch_is_imported(tmp_path, content, name, match):
+    """A bad prompts file or datastore fails in one line naming it, before torch is imported (a fraction of
+    a second, not the seconds torch and the model take)."""
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / name
+    path.write_bytes(content)
+    option = (
+        ["--prompts", str(path)] if name.endswith(".bin") else ["--prompt", "x", "--datastore", str(path)]
+    )
+    code = (
+        "import sys; from sssd.cli import main; rc = main(sys.argv[1:]); "
+        "print('torch imported' if 'torch' in sys.modules else 'no torch'); sys.exit(rc)"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    run = subprocess.run(
+        [sys.executable, "-c", code, "generate", *option],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert run.returncode == 2 and run.stdout.strip() == "no torch"
+    assert run.stderr.count("\n") == 1 and match in run.stderr
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +147,9 @@ def test_generate_runs_a_model_directory_with_device_and_attention(tiny_dir, tmp
     extra = ["--prompts", str(prompts), "--attention", attention, "--budget", "8", "--max-new-tokens", "12"]
     rc, text, _ = _generate(tiny_dir, capsys, *extra, "--output", str(out), "--baseline")
     assert rc == 0
-    assert _header(text)["runs on"].startswith(f"cpu, float32, attention {attention}")
+    runs_on = _header(text)["runs on"]  # --dtype auto: measured (tests/conftest.py: float32 faster)
+    assert runs_on.startswith("cpu, float32 (auto: bfloat16 took 2.00 of float32's time here")
+    assert f"), attention {attention}" in runs_on
     assert "identical outputs 2/2" in text
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert rows[0]["prompt_ids"] == [5, 6, 7, 8, 5, 6, 7]
@@ -292,3 +330,36 @@ def test_a_datastore_of_another_tokenizer_is_refused_in_one_line(tiny_dir, tmp_p
     )
     rc, text, err = _generate(tiny_dir, capsys, "--prompt", "w1", "--datastore", str(tmp_path / "same.sssd"))
     assert rc == 0 and err == "" and _header(text)["drafter"].endswith("(136 tokens, tokenizer checked)")
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_no_third_party_progress_bars_unless_verbose(tiny_dir, verbose):
+    """transformers draws a "Loading weights" bar on every model load: the commands print their own lines
+    and show it only with --verbose."""
+    import os
+    import subprocess
+    import sys
+
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("HF_HUB_DISABLE_PROGRESS_BARS", "TRANSFORMERS_VERBOSITY")
+    }
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)
+    argv = ["generate", "--model", str(tiny_dir), "--prompt", "w1 w2", "--max-new-tokens", "2", "--quiet"]
+    argv += ["--device", "cpu", "--dtype", "float32"] + (["--verbose"] if verbose else [])
+    run = subprocess.run(
+        [sys.executable, "-m", "sssd.cli", *argv], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert run.returncode == 0, run.stderr
+    assert ("Loading weights" in run.stderr) is verbose
+
+
+def test_the_speedup_line_says_when_the_machine_was_busy(tiny_dir, monkeypatch, capsys):
+    from sssd.policy import contention
+
+    busy = iter(range(0, 10**9, 10**6))  # /proc/stat: other processes took every core all the time
+    monkeypatch.setattr(contention, "_system_times", lambda: (float(next(busy)), 0.0))
+    rc, text, _ = _generate(tiny_dir, capsys, "--prompt", "w1 w2 w3 w1 w2", "--baseline")
+    line = next(s for s in text.splitlines() if s.startswith("speedup over plain decoding"))
+    assert rc == 0 and "(measured; identical outputs 1/1); unreliable (machine busy: other processes" in line

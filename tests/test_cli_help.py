@@ -102,8 +102,8 @@ def test_docs_name_every_option_of_every_command():
         prog = "sssd build-datastore" if prog == "build-datastore" else prog  # one section for both
         assert prog in sections, f"docs/cli.md has no section '## {prog}'"
         for action in _options(parser):
-            if action.dest == "debug" and prog != "sssd build-datastore":
-                continue  # --debug of sssd is documented once, under "Exit statuses and errors"
+            if action.dest in ("debug", "verbose") and prog != "sssd build-datastore":
+                continue  # sssd's --debug and --verbose are documented once, before the commands
             name = max(action.option_strings, key=len)
             assert f"`{name}" in sections[prog], f"docs/cli.md, {prog}: {name} is not documented"
 

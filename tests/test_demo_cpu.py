@@ -104,12 +104,45 @@ def test_adaptive_float32_equals_plain_decoding_on_every_prompt_kind(smollm2, tm
 
 
 @pytest.mark.slow
-def test_demo_runs_and_reports_every_column(smollm2, capsys):
+def test_the_demo_quick_mode_says_how_long_and_compares_plain_with_adaptive(smollm2, capsys):
     assert main(["demo", "--prompts", "2", "--max-new-tokens", "6", "--threads", "1"]) == 0
     out = capsys.readouterr().out
-    for text in ("plain decoding", "adaptive (0..32)", "fixed budget 32", "draft nodes/step", "identical"):
+    assert "(--full: 128 tokens and a fixed budget too" in out
+    assert "not faster: the runs stay in float32" in out  # tests/conftest.py: float32 measured faster
+    assert "2 runs take turns prompt by prompt: at most about" in out  # the estimate, before the runs
+    assert "1/2 chat      mtbench/81" in out and "2/2 code      HumanEval/0" in out  # a line per prompt
+    for text in ("plain decoding", "adaptive (0..32)", "draft nodes/step", "identical"):
         assert text in out
+    assert "fixed budget 32" not in out and "| bfloat16 |" not in out
     assert "chat | mtbench/81" in out and "code | HumanEval/0" in out
-    assert "float32 outputs identical to plain decoding: yes" in out
-    bf16_rows = out.count("| bfloat16 |")
-    assert bf16_rows == (2 if loading.cpu_bf16_units() else 0)
+    assert "float32 outputs identical to plain decoding: yes; total" in out and "(estimated at most" in out
+
+
+@pytest.mark.slow
+def test_the_full_demo_adds_a_fixed_budget_and_bfloat16_where_it_measured_faster(
+    smollm2, monkeypatch, capsys
+):
+    from sssd.cli import dtypes
+
+    faster = dtypes.DtypeProbe((2.0, 4.0), (1.0, 2.0))
+    monkeypatch.setattr(dtypes, "probe", lambda model, threads: (faster, None))
+    assert main(["demo", "--full", "--prompts", "1", "--max-new-tokens", "4", "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "fixed budget 32" in out and "(--full" not in out
+    assert "so plain and adaptive also run in bfloat16" in out
+    assert out.count("| bfloat16 |") == 2 and "bfloat16 vs plain bfloat16" in out
+    assert "5 runs take turns" in out
+
+
+@pytest.mark.slow
+def test_a_busy_machine_marks_the_demos_figures_in_their_lines(smollm2, monkeypatch, capsys):
+    from sssd.policy import contention
+
+    busy = iter(range(0, 10**9, 10**6))  # /proc/stat: other processes took every core all the time
+    monkeypatch.setattr(contention, "_system_times", lambda: (float(next(busy)), 0.0))
+    assert main(["demo", "--prompts", "1", "--max-new-tokens", "3", "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith(("      plain decoding |", "    adaptive"))]
+    assert len(rows) == 2 and all("| unreliable (machine busy: other processes used" in r for r in rows)
+    assert "the machine is busy now, so expect longer" in out
+    assert "The machine was busy during some runs" in out

@@ -299,12 +299,12 @@ def test_ctrl_c_while_compiling_or_inside_a_static_forward_loses_nothing(monkeyp
             raise KeyboardInterrupt
         return real_attention(module, *a, **k)
 
-    def call(self, bucket, args):  # the first compilation of every other bucket is interrupted
+    def call(self, bucket, args, first=False):  # the first compilation of every other bucket is interrupted
         if bucket not in self._ready:
             calls["compile"] += 1
             if calls["compile"] % 2 == 1:
                 raise KeyboardInterrupt
-        return real_call(self, bucket, args)
+        return real_call(self, bucket, args, first)
 
     monkeypatch.setattr("sssd.engine.adapter.static_attention", attention)
     monkeypatch.setattr(StaticStep, "_call", call)
@@ -321,15 +321,19 @@ def test_ctrl_c_while_compiling_or_inside_a_static_forward_loses_nothing(monkeyp
     assert [done[r] for r in rids] == [reference("llama", p) for p in prompts]
 
 
-def test_a_model_that_cannot_be_captured_falls_back_with_one_warning():
-    """A graph break inside the forward (here: a layer hook that dynamo cannot trace under fullgraph) ->
-    one warning naming the cause, the eager forward from then on, outputs still exact."""
-    model = tiny_model("llama")
+def test_a_model_that_cannot_be_captured_falls_back_with_one_warning(monkeypatch):
+    """A graph break inside the forward (here: in the attention, which dynamo cannot trace under
+    fullgraph) -> one warning naming the cause, the eager forward from then on, outputs still exact."""
+    import sssd.engine.adapter as adapter_module
 
-    def untraceable(module, args):
+    real = adapter_module.static_attention
+
+    def untraceable(*a, **k):
         torch._dynamo.graph_break()
+        return real(*a, **k)
 
-    model.model.layers[0].register_forward_pre_hook(untraceable)
+    monkeypatch.setattr(adapter_module, "static_attention", untraceable)
+    model = tiny_model("llama")
     prompts = make_prompts(3, seed=12)
     engine = Engine(
         model,
@@ -341,6 +345,42 @@ def test_a_model_that_cannot_be_captured_falls_back_with_one_warning():
     assert len([w for w in record if "could not compile" in str(w.message)]) == 1
     assert engine.adapter.static is None
     assert out == [reference("llama", p, 20) for p in prompts]
+
+
+def _hooked_run(compile, hook_from: int) -> tuple[list[list[int]], int, list[str]]:
+    """Two generate() calls on a model whose first layer's MLP output a forward hook scales (registered
+    before the engine when ``hook_from`` is 0, between the calls when 1): outputs, hook calls, warnings."""
+    model = tiny_model("llama")
+    calls = []
+
+    def scale(module, args, output):
+        calls.append(1)
+        return output * 1.5
+
+    prompts = make_prompts(3, seed=13)
+    if hook_from == 0:
+        model.model.layers[0].mlp.register_forward_hook(scale)
+    cfg = EngineConfig(budget=6, budget_mode="fixed", compile=compile)
+    engine = Engine(model, drafter=RandomTreeDrafter(VOCAB, seed=4), config=cfg)
+    out = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for i in range(2):
+            if i == hook_from == 1:
+                model.model.layers[0].mlp.register_forward_hook(scale)
+            out += [r.tokens for r in engine.generate(prompts, max_new_tokens=10, eos_token_ids=())]
+    return out, len(calls), [str(w.message) for w in caught]
+
+
+@pytest.mark.parametrize("hook_from", [0, 1], ids=["before the engine", "between runs"])
+def test_a_model_with_forward_hooks_runs_its_forward_eagerly_with_one_warning(hook_from):
+    """Seen: a layer hook fired 4 times compiled and 26 times eager (dynamo neither guards on hooks nor
+    runs them from a compiled graph): a hook that changes activations would silently change the output."""
+    eager_out, eager_calls, _ = _hooked_run(False, hook_from)
+    out, calls, warned = _hooked_run(TRACE, hook_from)
+    assert out == eager_out and calls == eager_calls
+    hooked = [w for w in warned if "forward hooks" in w]
+    assert len(hooked) == 1 and "scale" in hooked[0] and "runs eagerly" in hooked[0], warned
 
 
 def test_padding_nodes_of_a_tree_near_the_end_of_its_rows_stay_inside_the_bucket():
@@ -365,7 +405,11 @@ def test_compile_error_is_raised_for_the_first_call_only(monkeypatch):
     adapter.prefill(adapter.cache.add(), np.array([4, 5, 6]))
     tree = [random_tree(3, np.random.default_rng(0), 7)]
     adapter.forward_trees(tree)
-    monkeypatch.setattr(StaticStep, "_call", lambda *a: (_ for _ in ()).throw(RuntimeError("boom")))
+
+    def boom(*args):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(StaticStep, "_function", lambda self, bucket: boom)
     with pytest.raises(RuntimeError, match="boom"):
         adapter.forward_trees(tree)
     assert adapter.static is not None

@@ -82,6 +82,45 @@ def test_wrongly_typed_sampling_parameters(kw):
 
 
 @pytest.mark.parametrize(
+    "kw,name",
+    [
+        (dict(stop=123), "stop"),  # seen: TypeError: 'int' object is not iterable
+        (dict(stop=[1]), "stop"),
+        (dict(stop=b"x"), "stop"),
+        (dict(eos_token_ids=2.0), "eos_token_ids"),  # seen: TypeError: 'float' object is not iterable
+        (dict(eos_token_ids=[2, "3"]), "eos_token_ids"),
+        (dict(temperature="0.7"), "temperature"),
+        (dict(top_k=4.0), "top_k"),
+        (dict(top_p="1"), "top_p"),
+        (dict(max_new_tokens=True), "max_new_tokens"),
+        (dict(max_tokens=3), "max_tokens"),  # not a field: its name, and the fields there are
+    ],
+)
+def test_a_wrongly_typed_sampling_parameter_is_named(engine, kw, name):
+    with pytest.raises(TypeError, match=name):
+        engine.add_request([3, 4], **kw)
+    if name != "max_tokens":
+        with pytest.raises(TypeError, match=name):
+            SamplingParams(**kw)
+
+
+def test_numpy_scalars_are_accepted_alike():
+    """Seen: temperature=np.float32(0.7) refused ("must be a finite number >= 0, got np.float32(0.7)")
+    while top_k=np.int32(4) was accepted."""
+    p = SamplingParams(max_new_tokens=np.int64(5), temperature=np.float32(0.7), top_k=np.int32(4),
+                       top_p=np.float64(0.9), seed=np.uint8(3), eos_token_ids=np.int64(2))  # fmt: skip
+    plain = SamplingParams(max_new_tokens=5, temperature=float(np.float32(0.7)), top_k=4, top_p=0.9, seed=3,
+                           eos_token_ids=2)  # fmt: skip
+    assert p == plain and type(p.temperature) is float and type(p.top_k) is int
+    assert SamplingParams(eos_token_ids=np.array([1, 2])).eos_token_ids == (1, 2)
+    assert SamplingParams(stop=np.array(["ab", "c"])).stop == ("ab", "c")
+    engine = Engine(tiny_model("llama"), config=EngineConfig(budget=0))
+    got = engine.generate([3, 4], p, budget=np.int32(2))
+    want = engine.generate([3, 4], plain, budget=2)
+    assert got[0].tokens == want[0].tokens
+
+
+@pytest.mark.parametrize(
     "kw", [dict(budget=-1), dict(max_batch_size=0), dict(prefill_chunk=0), dict(initial_cache_rows=0)]
 )
 def test_invalid_engine_config(kw):
@@ -136,6 +175,44 @@ def test_tokenizer_datastore_fingerprint_mismatch(tmp_path):
     with pytest.raises(sssd.TokenizerMismatchError):
         Engine(tiny_model("llama"), TinyTokenizer("b"), drafter=drafter)
     Engine(tiny_model("llama"), TinyTokenizer("a"), drafter=drafter)  # the right tokenizer is fine
+
+
+def _datastore(path, tokenizer=None, vocab=VOCAB):
+    docs = [np.arange(2, 40, dtype=np.int32), np.arange(5, 30, dtype=np.int32)]
+    sssd.build_datastore(docs, path, vocab_size=vocab, tokenizer=tokenizer)
+    return sssd.Datastore.open(path)
+
+
+def test_every_source_of_a_merged_drafter_is_checked(tmp_path):
+    """Seen: only the first source's datastore was checked; a second one built with another tokenizer
+    was accepted silently (its drafts useless)."""
+    good = _datastore(tmp_path / "a.sssd", TinyTokenizer("a"))
+    other = _datastore(tmp_path / "b.sssd", TinyTokenizer("b"))
+    merged = sssd.MergedDrafter([sssd.Drafter(datastore=good), sssd.Drafter(datastore=other)])
+    with pytest.raises(sssd.TokenizerMismatchError, match=r"b\.sssd"):
+        Engine(tiny_model("llama"), TinyTokenizer("a"), drafter=merged)
+    assert merged.datastores == [good, other] and merged.datastore is good
+    big = _datastore(tmp_path / "big.sssd", vocab=VOCAB + 50)
+    merged = sssd.MergedDrafter([sssd.Drafter(datastore=good), sssd.Drafter(datastore=big)])
+    with pytest.raises(sssd.TokenizerMismatchError, match=r"big\.sssd .* is larger than the model's"):
+        Engine(tiny_model("llama"), drafter=merged)  # no tokenizer: the vocabulary is still checked
+    same = _datastore(tmp_path / "c.sssd", TinyTokenizer("a"))
+    merged = sssd.MergedDrafter([sssd.Drafter(datastore=good), sssd.Drafter(datastore=same)])
+    Engine(tiny_model("llama"), TinyTokenizer("a"), drafter=merged)
+
+
+def test_a_datastore_recording_no_tokenizer_is_used_with_one_warning_as_by_the_cli(tmp_path):
+    """Seen: ``Engine(tokenizer=...)`` refused a datastore that records no tokenizer, which docs/cli.md
+    says ``sssd generate`` uses with a warning. Now both apply sssd.datastore.compat's rule."""
+    ds = _datastore(tmp_path / "ids.sssd")
+    with pytest.warns(UserWarning, match="ids.sssd records no tokenizer; using it") as caught:
+        engine = Engine(tiny_model("llama"), TinyTokenizer(), drafter=sssd.Drafter(datastore=ds))
+    assert len(caught) == 1
+    (res,) = engine.generate([3, 4, 5], max_new_tokens=4, eos_token_ids=())
+    assert res.tokens == hf_greedy(tiny_model("llama"), [3, 4, 5], 4)
+    big = _datastore(tmp_path / "big.sssd", vocab=VOCAB + 50)
+    with pytest.raises(sssd.TokenizerMismatchError, match="records no tokenizer and its vocabulary"):
+        Engine(tiny_model("llama"), TinyTokenizer(), drafter=sssd.Drafter(datastore=big))
 
 
 class BadDrafter(ToyDrafter):

@@ -11,6 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sssd.engine.detokenize import IncrementalDetokenizer
 from sssd.engine.engine import Engine, EngineConfig
+from sssd.engine.requests import Request
+from sssd.engine.sampling import SamplingParams
 from tiny_models import VOCAB, hf_greedy, tiny_model
 from toy_drafters import OracleDrafter
 
@@ -160,10 +162,34 @@ def test_stop_string_spanning_steps_is_never_streamed_past():
     assert res.finish_reason == "stop"
     streamed = "".join(e.text for e in events)
     assert streamed == res.text == dec(res.tokens)
-    # the request ended at the first token whose text completes the stop string
+    # the request ended at the first token whose text completes the stop string, counting complete
+    # characters only (a trailing U+FFFD may still be the start of a character)
     k = len(res.tokens)
     assert res.tokens == ref[:k]
-    assert stop in dec(ref[:k]) and stop not in dec(ref[: k - 1])
+    done = lambda ids: dec(ids).rstrip("\ufffd")  # noqa: E731
+    assert stop in done(ref[:k]) and stop not in done(ref[: k - 1])
+
+
+def test_a_stop_string_of_the_replacement_character_waits_for_complete_characters():
+    """Seen: stop=["\ufffd"] ended a request of valid UTF-8 after one token, the first byte of a
+    character, which the tokenizer decodes as U+FFFD until the character is complete."""
+    tok = ByteTokenizer()
+    text = "日本語 🙂 é"
+    ids = tok.encode_bytes(text.encode())  # every character spans tokens
+    params = SamplingParams(max_new_tokens=100, stop=["\ufffd"], eos_token_ids=())
+    req = Request(0, np.array([3]), params, frozenset(), None, 10**6, tok)
+    for t in ids:  # token by token, as a step appends them
+        req.append([t])
+        assert req.finish_reason is None, f"stopped at {tok.decode(req.output)!r}"
+    assert req.text() == text
+    # a byte that never becomes a character is one once the next character follows it
+    a = next(i for i in range(len(BYTES), VOCAB) if tok._bytes(i) == b"a")
+    broken = [ids[0], a, ids[0]]
+    req = Request(0, np.array([3]), params, frozenset(), None, 10**6, tok)
+    req.append(broken[:1])
+    assert req.finish_reason is None
+    req.append(broken[1:])
+    assert req.finish_reason == "stop" and req.output == broken[:2]
 
 
 def test_abort_a_running_request_frees_its_slot_and_drafter_state():

@@ -31,6 +31,9 @@ COVERED = {
     "expand_recycled": "test_native_fuzz_recycled",
     "DatastoreError": "(an exception type)",
     "UnknownRequestError": "(an exception type)",
+    "linear_rows": "test_native_fuzz_kernels",
+    "tree_attention_cpu": "test_native_fuzz_kernels",
+    "isa_supported": "test_native_fuzz_kernels",
 }
 
 

@@ -22,7 +22,7 @@ ALLOWED = {
     "kernels": {"_core", "_cuda"},
     "models": {"fileio"},
     "policy": {"checks", "fileio"},
-    "engine": {"kernels", "policy"},
+    "engine": {"checks", "datastore", "kernels", "policy"},
     "drafter": {"_core", "checks", "datastore", "engine", "fileio"},
     "evaluation": {"drafter", "fileio"},
     "integrations": {"checks", "data", "datastore", "drafter", "fileio", "models", "policy"},

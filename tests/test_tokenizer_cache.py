@@ -42,11 +42,14 @@ def _encode(tok, add_special_tokens: bool) -> list[list[int]]:
 
 
 def test_the_cached_tokenizer_encodes_as_transformers_does(tok_dir, cache_dir):
-    full = tokenizing.load_tokenizer(str(tok_dir))  # first load: transformers, and the cache is written
+    said = []
+    full = tokenizing.load_tokenizer(str(tok_dir), said.append)  # first load: transformers, cache written
     assert isinstance(full, transformers.PreTrainedTokenizerBase)
     assert len(list(cache_dir.glob("*.json"))) == 1
-    cached = tokenizing.load_tokenizer(str(tok_dir))
-    assert isinstance(cached, tokenizer_cache.CachedTokenizer)
+    assert len(said) == 1 and "to load with transformers; what a build needs" in said[0]
+    assert f"is now kept in {cache_dir}, so later builds" in said[0]
+    cached = tokenizing.load_tokenizer(str(tok_dir), said.append)
+    assert isinstance(cached, tokenizer_cache.CachedTokenizer) and len(said) == 1  # nothing to say
     for special in (False, True):
         assert _encode(cached, special) == _encode(full, special)
     assert len(cached) == len(full) and cached.get_vocab() == full.get_vocab()

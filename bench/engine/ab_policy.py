@@ -33,6 +33,7 @@ from sssd.cli.demo import bundled_items
 from sssd.data import sample_corpus, sample_vocab_size
 from sssd.models.loading import chat_ids, load_model
 from sssd.policy.adaptive import BudgetConfig, BudgetPolicy
+from sssd.policy.contention import ContentionMeter, worst
 
 
 def parse_variant(text: str) -> tuple[str, int | None, dict, dict]:
@@ -150,13 +151,15 @@ def main() -> int:
             engines = [make_engine(v, model, tok, ds, args.batch, args.cap) for v in variants]
             tokens, secs, steps = [0] * len(variants), [0.0] * len(variants), [0] * len(variants)
             turns = [[] for _ in variants]  # per chunk: (tokens, seconds, outputs)
+            meters = [ContentionMeter(torch.get_num_threads()) for _ in variants]  # each over its own turns
             for c, chunk in enumerate(chunks):
                 for j in range(len(variants)):
                     i = (r + c + j) % len(variants)  # a rotating order: a passing load slows all alike
-                    before, t = engines[i].stats.steps, time.perf_counter()
-                    with replay:
+                    before = engines[i].stats.steps
+                    with meters[i], replay:
+                        t = time.perf_counter()
                         out = engines[i].generate(chunk, max_new_tokens=args.max_new_tokens)
-                    dt = time.perf_counter() - t
+                        dt = time.perf_counter() - t
                     n = sum(len(o.tokens) for o in out)
                     secs[i] += dt
                     tokens[i] += n
@@ -165,7 +168,9 @@ def main() -> int:
             ref = tokens[0] / secs[0]
             cells = [f"{name} {n / s:.1f} tok/s ({n / s / ref:.2f}x, {n / st:.2f} tokens/forward)"
                      for name, n, s, st in zip(args.variants, tokens, secs, steps, strict=True)]  # fmt: skip
-            print(f"round {r + 1}: " + ", ".join(cells), flush=True)
+            # every ratio of the round is to the first variant: one slowed variant moves them all
+            busy = worst(*(m.reading() for m in meters)).mark()
+            print(f"round {r + 1}: " + ", ".join(cells) + (f"; {busy}" if busy else ""), flush=True)
             pairs = zip(args.variants[1:], turns[1:], strict=True)
             same = ", ".join(same_text(name, t, turns[0]) for name, t in pairs)
             print(

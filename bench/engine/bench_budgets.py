@@ -17,7 +17,8 @@ side) before its median/min. Identical: outputs equal token for token to the eng
 the same dtype (float32: must be all; bfloat16: rounding differs between a many-token forward and
 one-token forwards, so outputs can drift; where they differ, the position of the first difference). The
 adaptive rows also print the budgets the policy chose and its predicted against its measured step times.
-Speed depends on the machine and its load: the header prints both.
+Speed depends on the machine and its load: the header prints both, and a row whose turns (or those of a
+run it is compared with) ran while other processes took CPU time says so in its notes.
 """
 
 from __future__ import annotations
@@ -37,8 +38,10 @@ import torch
 from bench_engine import hf_generate  # greedy generate, left-padded batches, cut after EOS
 from replay import Replay
 from sssd.cli.demo import bundled_items, first_difference
+from sssd.cli.speedup import speedup_notes, tree_cost
 from sssd.data import sample_corpus, sample_vocab_size
 from sssd.models.loading import chat_ids, cpu_bf16_units, load_model
+from sssd.policy.contention import ContentionMeter, worst
 
 
 @dataclass
@@ -56,6 +59,8 @@ class Run:
     nodes: list = field(default_factory=list)  # draft nodes verified per step (every round)
     trace: list = field(default_factory=list)  # the adaptive policy's PolicyStep records (every round)
     turns: dict = field(default_factory=dict)  # (round, chunk) -> (tokens, seconds, outputs)
+    history: list = field(default_factory=list)  # the engine's StepTiming records (every round)
+    meter: ContentionMeter = field(default_factory=lambda: ContentionMeter(torch.get_num_threads()))
 
     def rate(self, r: int) -> float:
         return self.tokens[r] / self.secs[r]
@@ -76,21 +81,25 @@ def engine_for(run: Run, model, tok, ds, batch: int):
 def one_turn(run: Run, engine, hf_model, chunk: list[int], prompts, new: int, eos: int) -> tuple[int, float]:
     """Runs ``run`` on the prompts of ``chunk`` (indexes); records outputs and steps. (tokens, seconds)."""
     ps = [prompts[i] for i in chunk]
-    t = time.perf_counter()
-    if engine is None:
-        outs = hf_generate(hf_model, ps, new, eos)
-    else:
-        before = engine.stats.steps
-        res = engine.generate(ps, max_new_tokens=new)
+    with run.meter:  # how busy the machine was over this run's own turns
+        t = time.perf_counter()
+        if engine is None:
+            outs = hf_generate(hf_model, ps, new, eos)
+        else:
+            before = engine.stats.steps
+            res = engine.generate(ps, max_new_tokens=new)
+        secs = time.perf_counter() - t
+    if engine is not None:
         outs = [r.tokens for r in res]
         taken = engine.stats.steps - before
         run.steps += taken
-        run.nodes += [h.num_nodes - h.batch_size for h in list(engine.stats.history)[-taken:]]
+        steps = list(engine.stats.history)[-taken:] if taken else []
+        run.history += steps
+        run.nodes += [h.num_nodes - h.batch_size for h in steps]
         if run.mode == "adaptive" and taken:  # the policy keeps its most recent steps only
             run.trace += list(engine.policy.trace)[-taken:]
         for i, r in zip(chunk, res, strict=True):
             run.prompt_steps[i] = r.stats.steps
-    secs = time.perf_counter() - t
     for i, o in zip(chunk, outs, strict=True):
         run.outputs[i] = o
     return sum(map(len, outs)), secs
@@ -187,9 +196,20 @@ def table(runs: list[Run], dtype: str, batch: int) -> list[str]:
         mark = " (best fixed)" if run is best else ""
         lines.append(
             f"| {dtype} | {batch} | {run.name}{mark} | {np.median(rates):.1f} ({min(rates):.1f}) | {mal} | "
-            f"{vs_hf} | {vs_best} | {same} | {ident} |"
+            f"{vs_hf} | {vs_best} | {same} | {ident} | {notes(run, plain, best, hf)} |"
         )
     return lines
+
+
+def notes(run: Run, plain: Run, best: Run, hf: Run | None) -> str:
+    """The line's warnings: the machine was busy during this run's turns or during those of a run it is
+    compared with (its figures are then unreliable), or it lost to plain decoding despite accepted
+    drafts (what a tree forward cost against a plain one)."""
+    others = [r for r in (plain, best, hf) if r is not None]
+    contention = worst(run.meter.reading(), *(r.meter.reading() for r in others))
+    mal = run.tokens[-1] / max(sum(run.prompt_steps.values()), 1) if run.budget is not None else 1.0
+    speedup = ratio(run, plain)[0]
+    return speedup_notes(speedup, mal, contention, tree_cost(run.history, plain.history)) or "-"
 
 
 def policy_lines(run: Run, dtype: str, batch: int) -> list[str]:
@@ -327,8 +347,8 @@ def header(args) -> list[str]:
         ),
         "",
         "| dtype | batch | run | tok/s median (min) | MAL | vs generate median (min) "
-        "| vs best fixed median (min) | vs best fixed, same text (turns) | identical to budget 0 |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| vs best fixed median (min) | vs best fixed, same text (turns) | identical to budget 0 | notes |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
 
 

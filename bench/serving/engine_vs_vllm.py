@@ -18,8 +18,8 @@ its engine core in the worker process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) so 
 the model forward (``_model_forward``), the output head (``compute_logits``), verification (``_sample``:
 the rejection sampler), drafting (``propose_draft_token_ids``: sssd's proposer), prefill (forwards of
 steps that schedule prompt tokens) and the rest (scheduler, input preparation, bookkeeping). The engine
-reports its own phases (``EngineStats``): drafting, forward (with the output head), verification,
-prefill, the rest. Both use ``--threads`` threads (vLLM binds its OpenMP threads to that many cores).
+reports its own phases (``EngineStats``): drafting, forward, output head, verification, prefill, the
+rest. Both use ``--threads`` threads (vLLM binds its OpenMP threads to that many cores).
 
 MAL = tokens per request step. Identical: outputs equal token for token to the same engine's plain run
 (and, in the last column, to plain vLLM's). Speed depends on the machine and its load: the header prints
@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -43,6 +44,32 @@ PHASES = ("draft", "forward", "head", "verify", "prefill", "other")
 
 
 # -- the children ------------------------------------------------------------------------------------
+# cProfile's built-in functions (C code: kernels, torch ops) by category; Python is everything else
+CATEGORIES = (
+    ("linear", re.compile(r"linear_rows|_nn\.linear|_linear_pointwise|onednn_mm|weight_packed_linear|addmm|"
+                          r"method 'mm'|matmul")),
+    ("attention", re.compile(r"tree_attention|scaled_dot_product|attention|attn")),
+    ("other torch", re.compile(r"torch|_ops|_C\.")),
+)  # fmt: skip
+
+
+def profiled(fn):
+    """Runs ``fn()`` under cProfile; returns its result and seconds by category (see CATEGORIES)."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    out = prof.runcall(fn)
+    split = dict.fromkeys([c for c, _ in CATEGORIES] + ["other C", "python"], 0.0)
+    for (filename, _, name), row in pstats.Stats(prof).stats.items():
+        tottime = row[2]
+        if filename != "~":
+            split["python"] += tottime
+            continue
+        split[next((c for c, pat in CATEGORIES if pat.search(name)), "other C")] += tottime
+    return out, split
+
+
 def run_engine(job: dict) -> dict:
     """One sssd engine run (this interpreter's environment)."""
     import torch
@@ -59,22 +86,28 @@ def run_engine(job: dict) -> dict:
     engine = sssd.Engine(model, tok, drafter=drafter, config=cfg)
     engine.generate([job["prompts"][0]], max_new_tokens=8)  # warm-up, as for vLLM
     st0 = _engine_totals(engine.stats)
+    run = lambda: engine.generate(job["prompts"], max_new_tokens=int(job["max_tokens"]))  # noqa: E731
+    split = None
     t0 = time.perf_counter()
-    res = engine.generate(job["prompts"], max_new_tokens=int(job["max_tokens"]))
+    if job.get("profile"):
+        res, split = profiled(run)
+    else:
+        res = run()
     wall = time.perf_counter() - t0
     st1 = _engine_totals(engine.stats)
     d = {k: st1[k] - st0[k] for k in st1}
-    phases = {"draft": d["draft"], "forward": d["forward"], "head": None, "verify": d["verify"],
-              "prefill": d["prefill"]}  # fmt: skip
+    # the forward without its output head, like vLLM's _model_forward (its head is compute_logits)
+    phases = {"draft": d["draft"], "forward": d["forward"] - d["head"], "head": d["head"],
+              "verify": d["verify"], "prefill": d["prefill"]}  # fmt: skip
     phases["other"] = wall - sum(v for v in phases.values() if v)
     tokens = [list(r.tokens) for r in res]
     return {"wall_s": wall, "tokens": tokens, "request_steps": sum(r.stats.steps for r in res),
-            "steps": d["steps"], "phases": phases, "draft_tokens": d["nodes"]}  # fmt: skip
+            "steps": d["steps"], "phases": phases, "draft_tokens": d["nodes"], "profile": split}  # fmt: skip
 
 
 def _engine_totals(st) -> dict:
-    return {"draft": st.draft_time, "forward": st.forward_time, "verify": st.verify_time,
-            "prefill": st.prefill_time, "steps": st.steps, "nodes": st.nodes}  # fmt: skip
+    names = ("draft_time", "forward_time", "head_time", "verify_time", "prefill_time", "steps", "nodes")
+    return {name.removesuffix("_time"): getattr(st, name, 0.0) for name in names}  # older builds: no head
 
 
 class _Clock:
@@ -144,8 +177,13 @@ def run_vllm(job: dict) -> dict:
     llm.generate(prompts[:1], vllm.SamplingParams(temperature=0.0, max_tokens=8), use_tqdm=False)
     before = _spec_counters(llm)
     s0, n0 = dict(clock.s), clock.steps
+    run = lambda: llm.generate(prompts, sp, use_tqdm=False)  # noqa: E731
+    split = None
     t0 = time.perf_counter()
-    outs = llm.generate(prompts, sp, use_tqdm=False)
+    if job.get("profile"):
+        outs, split = profiled(run)
+    else:
+        outs = run()
     wall = time.perf_counter() - t0
     after = _spec_counters(llm)
     phases = {k: clock.s[k] - s0[k] for k in PHASES}
@@ -155,7 +193,7 @@ def run_vllm(job: dict) -> dict:
     new = sum(map(len, tokens))
     drafted = after.get("num_draft_tokens", 0.0) - before.get("num_draft_tokens", 0.0)
     return {"wall_s": wall, "tokens": tokens, "request_steps": new - accepted, "steps": clock.steps - n0,
-            "phases": phases, "draft_tokens": drafted}  # fmt: skip
+            "phases": phases, "draft_tokens": drafted, "profile": split}  # fmt: skip
 
 
 def _find_model(llm):
@@ -178,11 +216,11 @@ def _spec_counters(llm) -> dict[str, float]:
 
 
 # -- the driver --------------------------------------------------------------------------------------
-def child(job: dict, python: str, timeout: float) -> dict:
+def child(job: dict, python: str, timeout: float, sssd_path: Path) -> dict:
     with tempfile.TemporaryDirectory(prefix="sssd-vs-") as tmp:
         spec, result = Path(tmp) / "job.json", Path(tmp) / "result.json"
         spec.write_text(json.dumps(job))
-        env = dict(os.environ, PYTHONPATH=str(ROOT / "python"), OMP_NUM_THREADS=str(job["threads"]))
+        env = dict(os.environ, PYTHONPATH=str(sssd_path), OMP_NUM_THREADS=str(job["threads"]))
         proc = subprocess.run(
             [python, str(Path(__file__).resolve()), "--child", str(spec), str(result)],
             capture_output=True, text=True, timeout=timeout, env=env,
@@ -246,6 +284,8 @@ def summarize(results: dict, runs, batches, rounds: int) -> list[dict]:
             row["scored"] = 1 + last["draft_tokens"] / max(last["request_steps"], 1)
             row["phases"] = {k: v for k, v in last["phases"].items() if v is not None}
             row["wall_s"] = last["wall_s"]
+            if last.get("profile"):
+                row["profile_ms"] = {k: 1e3 * v / max(last["steps"], 1) for k, v in last["profile"].items()}
             own = "vllm-plain" if name.startswith("vllm") else "engine-plain"
             for key, base in (("identical", own), ("identical to vllm-plain", "vllm-plain")):
                 ref = results.get((b, len(got) - 1, base)) or next(
@@ -282,6 +322,20 @@ def print_table(rows: list[dict]) -> None:
         )
 
 
+def print_profile(rows: list[dict]) -> None:
+    keys = [c for c, _ in CATEGORIES] + ["other C", "python"]
+    print(
+        "\nms per step by where the time went (cProfile: C functions by category, Python the rest; "
+        "profiling slows Python, so compare the columns more than the totals)\n"
+    )
+    print("| batch | run | scored | " + " | ".join(keys) + " |")
+    print("|---" * (len(keys) + 3) + "|")
+    for r in rows:
+        if "profile_ms" in r:
+            cells = " | ".join(f"{r['profile_ms'][k]:.1f}" for k in keys)
+            print(f"| {r['batch']} | {r['run']} | {r['scored']:.2f} | {cells} |")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--vllm-python", default=os.environ.get("SSSD_VLLM_PYTHON", "build/vllm-venv/bin/python"))
@@ -296,6 +350,9 @@ def main() -> int:
     ap.add_argument("--k", type=int, default=8, help="vLLM's num_speculative_tokens")
     ap.add_argument("--budget", type=int, default=32, help="the engine's adaptive policy: 0..budget nodes")
     ap.add_argument("--vllm-config", default="{}", help="extra SSSD_VLLM_CONFIG keys for vllm-sssd (JSON)")
+    ap.add_argument("--profile", action="store_true", help="also split each step by cProfile (slower)")
+    ap.add_argument("--sssd-path", type=Path, default=ROOT / "python",
+                    help="the engine runs' sssd package (another checkout's python/: an A/B)")  # fmt: skip
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "engine_vs_vllm.json")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
@@ -314,7 +371,8 @@ def main() -> int:
     batches = [int(x) for x in args.batches.split(",")]
     base = {"model": str(ensure_hf_model()), "prompts": prompt_ids(args.prompt_set, args.prompts),
             "max_tokens": args.max_tokens, "datastore": str(demo_datastore()), "dtype": args.dtype,
-            "threads": args.threads, "k": args.k, "vllm_config": json.loads(args.vllm_config)}  # fmt: skip
+            "threads": args.threads, "k": args.k, "vllm_config": json.loads(args.vllm_config),
+            "profile": args.profile}  # fmt: skip
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} cores)")
     results: dict = {}
     for b in batches:
@@ -326,7 +384,8 @@ def main() -> int:
                 python = args.vllm_python if name.startswith("vllm") else sys.executable
                 t = time.perf_counter()
                 print(f"batch {b} round {r}: {name} ...", file=sys.stderr, flush=True)
-                results[(b, r, name)] = child(job, python, args.timeout)
+                path = args.sssd_path if name.startswith("engine") else ROOT / "python"
+                results[(b, r, name)] = child(job, python, args.timeout, path)
                 print(f"  {time.perf_counter() - t:.0f} s", file=sys.stderr, flush=True)
     print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     rows = summarize(results, runs, batches, args.rounds)
@@ -336,6 +395,8 @@ def main() -> int:
         f"engine 0..{args.budget}\n"
     )
     print_table(rows)
+    if args.profile:
+        print_profile(rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(".tmp")
     tmp.write_text(json.dumps({"command": " ".join(sys.argv), "rows": rows}, indent=1))

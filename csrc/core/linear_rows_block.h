@@ -63,14 +63,15 @@ SSSD_INLINE void block_cols(const LinearRows& a, int64_t r0, int64_t c0, int64_t
 }
 
 // Weight rows [c_begin, c_end) for every input row: each group of NC weight rows is multiplied with every
-// block of kRowBlock input rows (from L2 after the first block). NC x kRowBlock accumulators must fit the
-// ISA's registers with room for the loads: 16 of 32 with AVX-512, 8 of 16 with AVX2 and SSE.
+// block of kRowBlock input rows while it is in L1, so the weight streams from memory once, under the
+// arithmetic of all the rows (the memory's prefetchers run ahead meanwhile). NC x kRowBlock accumulators
+// must fit the ISA's registers with room for the loads: 16 of 32 with AVX-512, 8 of 16 with AVX2 and SSE.
 template <class V, int NC>
 SSSD_INLINE void tile(const LinearRows& a, int64_t c_begin, int64_t c_end) {
-  for (int64_t r0 = 0; r0 < a.rows; r0 += kRowBlock) {
-    const int64_t nr = std::min<int64_t>(kRowBlock, a.rows - r0);
-    for (int64_t c0 = c_begin; c0 < c_end; c0 += NC) {
-      const int64_t nc = std::min<int64_t>(NC, c_end - c0);
+  for (int64_t c0 = c_begin; c0 < c_end; c0 += NC) {
+    const int64_t nc = std::min<int64_t>(NC, c_end - c0);
+    for (int64_t r0 = 0; r0 < a.rows; r0 += kRowBlock) {
+      const int64_t nr = std::min<int64_t>(kRowBlock, a.rows - r0);
       switch (nr) {
         case 4: block_cols<V, 4, NC>(a, r0, c0, nc); break;
         case 3: block_cols<V, 3, NC>(a, r0, c0, nc); break;

@@ -28,7 +28,8 @@ def check_int(value: Any, name: str, *, lo: int | None = None, hi: int | None = 
         raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     v = int(value)
     if (lo is not None and v < lo) or (hi is not None and v > hi):
-        raise ValueError(f"{name} must be in [{lo}, {hi}], got {v}")
+        bound = f">= {lo}" if hi is None else f"<= {hi}" if lo is None else f"in [{lo}, {hi}]"
+        raise ValueError(f"{name} must be {bound}, got {v}")
     return v
 
 

@@ -18,6 +18,7 @@ import sys
 from sssd.cli.argtypes import CommandParser, version_text
 from sssd.cli.errors import run_guarded
 from sssd.cli.helpfmt import DefaultsHelpFormatter
+from sssd.cli.quiet import quiet_third_party
 
 # (name, module, one-line help). Keep in alphabetical order.
 COMMANDS: list[tuple[str, str, str]] = [
@@ -68,6 +69,9 @@ def make_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--debug", action="store_true", help="show the traceback of an error (or SSSD_DEBUG=1)"
     )
+    parser.add_argument(
+        "--verbose", action="store_true", help="also show the progress bars and notices of transformers"
+    )
     parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, module, help_text in COMMANDS:
@@ -80,6 +84,9 @@ def make_parser() -> argparse.ArgumentParser:
         # Also after the command (`sssd generate ... --debug`); SUPPRESS keeps a --debug given before
         # the command from being overwritten by this parser's default.
         p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks")
+        p.add_argument(
+            "--verbose", action="store_true", default=argparse.SUPPRESS, help="show transformers' notices"
+        )
     return parser
 
 
@@ -90,14 +97,15 @@ def main(argv: list[str] | None = None) -> int:
         from datastore_tools.cli import main as build_main
 
         at = argv.index(command)
-        debug = ["--debug"] if "--debug" in argv[:at] else []
-        return build_main(argv[at + 1 :] + debug, prog="sssd build-datastore")
+        before = [a for a in argv[:at] if a in ("--debug", "--verbose")]  # sssd's options, passed on
+        return build_main(argv[at + 1 :] + before, prog="sssd build-datastore")
     try:
         args = make_parser().parse_args(argv)
     except SystemExit as e:  # a usage error, already said in one line: its status (--help still exits)
         if not e.code:
             raise
         return int(e.code)
+    quiet_third_party(args.verbose)
     module = importlib.import_module(args._module)
     extra = "torch" if args.command in NEEDS_TORCH else ""
     return run_guarded(f"sssd {args.command}", lambda: module.run(args), debug=args.debug, extra=extra)

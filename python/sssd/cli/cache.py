@@ -4,6 +4,7 @@ The cache directory is $SSSD_CACHE_DIR (default ~/.cache/sssd). It holds
   models/      Hugging Face directories converted from GGUF files: the default SmolLM2-135M-Instruct
                (float32, about 517 MiB) and any .gguf file given as --model
   tokenizers/  tokenizers converted from GGUF files by build-datastore --tokenizer FILE.gguf
+  probes/      which dtype was faster on this machine (--dtype auto on a CPU), per CPU, torch and model
 Everything there is made again when needed, so clearing it is always safe (the next run converts
 again: about 20 s for SmolLM2). Models given as Hub ids live in the Hugging Face cache (HF_HOME),
 which sssd neither fills nor clears.
@@ -17,14 +18,15 @@ import shutil
 from pathlib import Path
 
 NAME = "cache"
-PARTS = ("models", "tokenizers")  # what sssd writes below the cache directory; nothing else is touched
+# What sssd writes below the cache directory; nothing else there is touched.
+PARTS = ("models", "tokenizers", "probes")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--clear",
         action="store_true",
-        help="delete models/ and tokenizers/ in the cache directory (nothing else there is touched)",
+        help="delete models/, tokenizers/ and probes/ in the cache directory (nothing else there is touched)",
     )
 
 

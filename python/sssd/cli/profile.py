@@ -92,12 +92,16 @@ def _refit(src: str, output: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
     from sssd.policy import profiling as prof
 
     if args.refit:
         return _refit(args.refit, args.output)
+    # The input files first, before torch is imported and minutes before the drafting is profiled: a bad
+    # file fails at once.
+    contexts = _contexts(args.pairs)
+    make_drafter = _drafter_factory(args)
+    import torch
+
     if args.threads:
         torch.set_num_threads(args.threads)
     base = prof.ProfileGrid.quick() if args.quick else prof.ProfileGrid()
@@ -110,9 +114,12 @@ def run(args: argparse.Namespace) -> int:
         base.draft_budgets,
         base.draft_repeats,
     )
-    from sssd.models.loading import load_model
+    from sssd.cli.dtypes import load_model_auto
 
-    model, _, path = load_model(args.model, args.dtype, args.device)
+    # --dtype auto chooses as `sssd generate` does, so that the profile is of the dtype generate runs
+    model, _, path, choice = load_model_auto(args.model, args.dtype, args.device)
+    if choice.why:
+        print(f"dtype: {choice.dtype} ({choice.why})", flush=True)
     name = f"{path.name} ({str(model.dtype).removeprefix('torch.')}, {model.device})"
     say = lambda msg: print(msg, flush=True)  # noqa: E731
     t0 = time.perf_counter()
@@ -120,8 +127,7 @@ def run(args: argparse.Namespace) -> int:
         fwd = prof.profile_forward(
             engine_factory(model), int(model.config.vocab_size), grid, seed=args.seed, progress=say
         )
-    make_drafter = _drafter_factory(args)
-    drafting = prof.profile_drafting(make_drafter, _contexts(args.pairs), grid, progress=say)
+    drafting = prof.profile_drafting(make_drafter, contexts, grid, progress=say)
     meta = prof.machine_meta(name)
     meta["drafter"] = args.baseline or "sssd"
     cm = prof.fit_profile(fwd, drafting, meta)

@@ -63,8 +63,21 @@ class MergedDrafter(RequestContexts):
 
     @property
     def datastore(self) -> Any:
-        """The first source's datastore (the engine checks it against the tokenizer)."""
-        return next((d.datastore for d in self.sources if getattr(d, "datastore", None) is not None), None)
+        """The first source's datastore (``datastores`` has every source's)."""
+        return next(iter(self.datastores), None)
+
+    @property
+    def datastores(self) -> list[Any]:
+        """The datastores of every source (of merged sources too), each once: the engine checks each
+        against the model's tokenizer and vocabulary."""
+        found: list[Any] = []
+        for d in self.sources:
+            many = getattr(d, "datastores", None)
+            one = getattr(d, "datastore", None)
+            for ds in many if many is not None else ([] if one is None else [one]):
+                if not any(ds is f for f in found):
+                    found.append(ds)
+        return found
 
     def check_vocab(self, vocab_size: int) -> None:
         for d in self.sources:

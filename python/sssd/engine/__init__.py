@@ -4,13 +4,15 @@ Owns the step loop (``engine``: draft, forward, verify, commit, hand out; its ac
 requests in and out of the batch (``lifecycle``: queueing from any thread, admission, aborts, results;
 ``runs``: ``generate`` and ``stream``; ``threads``: the threading contract), the requests themselves
 (``requests``, ``chat``, ``detokenize``), the model adapter that registers the tree attention and drives
-the model through its public extension points (``adapter``, ``attention``), the static-shape forward
+the model through its public extension points (``adapter``, ``attention``; ``shadow``: the engine's own
+view of the user's model, which it never switches), the static-shape forward
 compiled or captured per bucket (``static_step``), the KV cache (``kv_cache``), checking a drafter's
 batch into the trees the model scores (``trees``) and their masks (``masks``), verification (``verify``
 for a step, ``acceptance`` for the per-node greedy / sampling / multi-step rules, ``sampling`` for the
 target's distribution), and what keeps faults from stranding the batch (``recovery``, ``policy_guard``).
 
-Imports: torch, transformers, ``sssd.kernels`` (the GPU attention) and ``sssd.policy`` (the budget policy
-interface). Never a drafter: drafters are duck-typed, any object with the drafter API works.
+Imports: torch, transformers, ``sssd.kernels`` (the GPU attention), ``sssd.policy`` (the budget policy
+interface), ``sssd.checks`` (argument checks) and ``sssd.datastore`` (which datastore a model may draft
+from). Never a drafter: drafters are duck-typed, any object with the drafter API works.
 Importing this package needs torch; ``sssd.Engine`` and ``sssd.EngineConfig`` import it on first use.
 """

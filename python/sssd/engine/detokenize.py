@@ -22,38 +22,62 @@ from typing import Any
 INCOMPLETE = "\ufffd"
 
 
+class DecodeError(RuntimeError):
+    """The tokenizer's ``decode`` raised (the message names the original error): the request whose tokens
+    it could not decode fails alone (``sssd.engine.engine.Engine._append``)."""
+
+
 class IncrementalDetokenizer:
     """Text of ``tokens`` (a list the caller appends to), produced as deltas by :meth:`push`.
 
     ``tokenizer``: anything with ``decode(ids, skip_special_tokens=...)`` (a Hugging Face tokenizer).
     Special tokens (EOS, chat markers) are skipped, as in ``tokenizer.decode(tokens,
     skip_special_tokens=True)``.
+
+    The emitted text is kept in pieces, each with the window after it (``prefix``, ``read``) and the text's
+    length: appending a piece is the one statement that commits a step, so an interrupt leaves the state as
+    it was before the step or after it, and a ``push`` or ``finish`` run again changes nothing.
     """
 
     def __init__(self, tokenizer: Any, skip_special_tokens: bool = True):
         self.tokenizer = tokenizer
         self.skip_special_tokens = skip_special_tokens
-        self.prefix = 0  # window start: tokens before it are text already
-        self.read = 0  # tokens up to here have been emitted as text
         self.pending = ""  # text of tokens past ``read`` that is not emitted yet (ends incomplete)
-        self._chunks: list[str] = []
-        self._length = 0
+        self._pieces: list[tuple[str, int, int, int]] = []  # (text, prefix, read, length) after each
+
+    @property
+    def prefix(self) -> int:
+        """Window start: tokens before it are text already."""
+        return self._pieces[-1][1] if self._pieces else 0
+
+    @property
+    def read(self) -> int:
+        """Tokens up to here have been emitted as text."""
+        return self._pieces[-1][2] if self._pieces else 0
+
+    @property
+    def length(self) -> int:
+        """Characters emitted so far."""
+        return self._pieces[-1][3] if self._pieces else 0
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+        try:
+            return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+        except Exception as e:
+            raise DecodeError(f"{type(e).__name__}: {e}") from e
 
     def push(self, tokens: list[int]) -> str:
         """The new text after ``tokens`` grew (by one or more tokens since the last call): the delta,
         possibly empty while a character is incomplete. ``self.pending`` then holds what is held back as
         the tokenizer decodes it now (U+FFFD for the incomplete tail), for callers that look for stop
         strings: text + pending is ``decode(tokens)``."""
-        prefix_text = self._decode(tokens[self.prefix : self.read])
-        window_text = self._decode(tokens[self.prefix :])
+        prefix, read = self.prefix, self.read
+        prefix_text = self._decode(tokens[prefix:read])
+        window_text = self._decode(tokens[prefix:])
         if len(window_text) > len(prefix_text) and not window_text.endswith(INCOMPLETE):
             delta = window_text[len(prefix_text) :]
-            self.prefix, self.read = self.read, len(tokens)
             self.pending = ""
-            self._add(delta)
+            self._pieces.append((delta, read, len(tokens), self.length + len(delta)))
             return delta
         self.pending = window_text[len(prefix_text) :]
         return ""
@@ -61,18 +85,13 @@ class IncrementalDetokenizer:
     def finish(self, tokens: list[int]) -> str:
         """The rest of the text once ``tokens`` is final (incomplete characters included, as the
         tokenizer decodes them)."""
-        prefix_text = self._decode(tokens[self.prefix : self.read])
-        window_text = self._decode(tokens[self.prefix :])
+        prefix, read = self.prefix, self.read
+        prefix_text = self._decode(tokens[prefix:read])
+        window_text = self._decode(tokens[prefix:])
         delta = window_text[len(prefix_text) :] if len(window_text) > len(prefix_text) else ""
-        self.prefix = self.read = len(tokens)
         self.pending = ""
-        self._add(delta)
+        self._pieces.append((delta, len(tokens), len(tokens), self.length + len(delta)))
         return delta
-
-    def _add(self, delta: str) -> None:
-        if delta:
-            self._chunks.append(delta)
-            self._length += len(delta)
 
     def tail(self, n: int) -> str:
         """The last ``n`` characters of the text emitted so far (cost independent of its length)."""
@@ -80,8 +99,8 @@ class IncrementalDetokenizer:
             return ""
         out: list[str] = []
         need = n
-        for chunk in reversed(self._chunks):
-            out.append(chunk[-need:])
+        for piece in reversed(self._pieces):
+            out.append(piece[0][-need:])
             need -= len(out[-1])
             if need <= 0:
                 break
@@ -90,6 +109,7 @@ class IncrementalDetokenizer:
     @property
     def text(self) -> str:
         """All text emitted so far."""
-        if len(self._chunks) > 1:
-            self._chunks = ["".join(self._chunks)]
-        return self._chunks[0] if self._chunks else ""
+        pieces = self._pieces
+        if len(pieces) > 1:  # joined into one piece: one statement, like a step
+            self._pieces = [("".join(p[0] for p in pieces), *pieces[-1][1:])]
+        return self._pieces[0][0] if self._pieces else ""

@@ -39,6 +39,7 @@ import itertools
 import logging
 import threading
 import time
+import warnings
 import weakref
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
@@ -46,10 +47,12 @@ from typing import Any
 
 import numpy as np
 
+from sssd.datastore.compat import check_for_model, drafter_datastores
 from sssd.engine.adapter import ATTENTION_BACKENDS, ModelAdapter
+from sssd.engine.detokenize import DecodeError
 from sssd.engine.lifecycle import RequestsMixin, view_of
 from sssd.engine.policy_guard import PolicyGuard
-from sssd.engine.recovery import DrafterGuard, repair_batch
+from sssd.engine.recovery import DrafterGuard
 from sssd.engine.recycle import TopKRecorder
 from sssd.engine.requests import GenerationResult, Request, StreamEvent
 from sssd.engine.runs import RunsMixin
@@ -164,14 +167,10 @@ class Engine(RequestsMixin, RunsMixin):
             if callable(check_vocab):  # model drafters: draft and target must share the vocabulary
                 check_vocab(self.vocab_size)
             _bind(drafter, self)
-            ds = getattr(drafter, "datastore", None)
-            if ds is not None:
-                if tokenizer is not None and hasattr(ds, "check_tokenizer"):
-                    ds.check_tokenizer(tokenizer)  # TokenizerMismatchError on a different vocabulary
-                if int(getattr(ds, "vocab_size", 0)) > self.vocab_size:
-                    raise ValueError(
-                        f"datastore vocabulary {ds.vocab_size} is larger than the model's {self.vocab_size}"
-                    )
+            for ds in drafter_datastores(drafter):  # every source's (sssd.datastore.compat)
+                warning = check_for_model(ds, tokenizer, self.vocab_size)
+                if warning is not None:
+                    warnings.warn(warning, stacklevel=2)
         self.policy = self.config.policy or _default_policy(self.config)
         self._policy = PolicyGuard(self.policy)
         self.default_eos = eos_defaults(model, tokenizer)
@@ -182,7 +181,8 @@ class Engine(RequestsMixin, RunsMixin):
         self._active: list[Request] = []  # index = cache slot
         self._finished: dict[int, GenerationResult] = {}  # final event not handed out yet
         self._results: OrderedDict[int, GenerationResult] = OrderedDict()  # handed out: the most recent
-        self._unreported: list[Request] = []  # retired by a step whose events did not reach the caller
+        self._unreported: list[Request] = []  # retired, their final event not handed out to their owner
+        self._out: Any = None  # what the last step handed out, applied by the next (sssd.engine.lifecycle)
         self._next_id = 0
         # threads (sssd.engine.threads): _lock guards the engine's state, a step holds it throughout
         self._lock = threading.RLock()
@@ -196,15 +196,26 @@ class Engine(RequestsMixin, RunsMixin):
     # -- one step ------------------------------------------------------------------------------------
     @one_step_at_a_time
     def step(self) -> list[StreamEvent]:
-        """Run one step for every active request (admitting waiting ones first). Returns the events.
+        """Run one step for every active request (admitting waiting ones first). Returns the events of the
+        requests added with ``add_request`` (those of a running ``generate()`` / ``stream()`` are kept for
+        it, see ``sssd.engine.runs``).
 
         Anything that escapes a step (an exception, ``KeyboardInterrupt``) leaves the engine resumable: the
-        next step first repairs the batch from the requests' tokens (see ``sssd.engine.recovery``)."""
+        next step first repairs the batch from the requests' tokens (see ``sssd.engine.recovery``) and
+        hands out the events the interrupted step did not."""
+        return self._step(None)
+
+    @one_step_at_a_time
+    def _step_for(self, owner: int) -> list[StreamEvent]:
+        """A step that returns the events of the requests of run ``owner`` (``sssd.engine.runs``)."""
+        return self._step(owner)
+
+    def _step(self, owner: int | None) -> list[StreamEvent]:
         final_events, unreported = self._recover()  # of requests an interrupted step finished
         prefill_s = self._admit()
         reqs = list(self._active)
         if not reqs:
-            return self._hand_out(unreported, final_events)
+            return self._hand_out(unreported, final_events, owner)
         t0 = time.perf_counter()
         view = view_of(reqs)
         drafts = self._draft(reqs, view, self._plan(reqs, view))
@@ -226,11 +237,11 @@ class Engine(RequestsMixin, RunsMixin):
         record = StepRecord(
             reqs, drafts.budget, [len(t.tokens) - 1 for t in trees], [len(p) - 1 for p in paths],
             sum(len(e.tokens) for e in events), context_tokens,
-            t1 - t0, t2 - t1 - compiling + head_s, t3 - t2 - head_s, prefill_s,
+            t1 - t0, t2 - t1 - compiling + head_s, t3 - t2 - head_s, prefill_s, head_s,
         )  # fmt: skip
         self._policy.observe(self.stats.record(record))
         self._count_errors()
-        return self._hand_out(unreported + reqs, events)
+        return self._hand_out(unreported + reqs, events, owner)
 
     def _plan(self, reqs: list[Request], view: StepView) -> Budget:
         """The policy's plan for the step (checked), with the requests' own budgets overriding it."""
@@ -316,75 +327,14 @@ class Engine(RequestsMixin, RunsMixin):
         n = len(req.output)
         try:
             return req.append(tokens)
-        except Exception as e:
-            req.fail(f"{type(e).__name__}: {e}")
+        except DecodeError as e:  # the tokenizer's: anything else escapes the step (which resumes)
+            req.fail(str(e))
             if not self.stats.request_errors:
                 log.warning(
                     "request %d failed and finished with finish_reason='error': %s", req.rid, req.error
                 )
             self.stats.request_errors += 1
             return req.output[n:]
-
-    def _hand_out(self, reqs: list[Request], events: list[StreamEvent]) -> list[StreamEvent]:
-        """Mark the events' tokens and text as handed out, the last thing ``step()`` does: a step
-        interrupted before this point hands them out with the next step's events instead, so the stream
-        neither loses nor repeats tokens (an interrupt inside this method, the one window left, can drop
-        one step's events; the results keep every token). A finished request's result moves to the
-        bounded store of recent results (``EngineConfig.kept_results``)."""
-        kept = self._results
-        for r in reqs:
-            r.handed_out()
-            res = self._finished.get(r.rid) if r.finish_reason else None
-            if res is not None:  # its final event is out: kept among the recent results only
-                kept[r.rid] = res
-                del self._finished[r.rid]
-        while len(kept) > self.config.kept_results:
-            kept.popitem(last=False)
-        self._unreported.clear()
-        self._lock.release()  # the step's (sssd.engine.threads): released last, nothing runs after it
-        return events
-
-    def _recover(self) -> tuple[list[StreamEvent], list[Request]]:
-        """Bring the batch back to its invariants after something escaped a step (see
-        ``sssd.engine.recovery``); on the fast path a few comparisons. Returns the final events of requests
-        that an interrupted step finished but did not retire."""
-        active = self._active
-        if self._waiting and active:  # admitted while still queued (an interrupted admission)
-            running = {r.rid for r in active}
-            if any(r.rid in running for r in self._waiting):
-                self._waiting = deque(r for r in self._waiting if r.rid not in running)
-        self.stats.repaired += repair_batch(self.adapter, active)
-        for req in active:
-            req.recheck_finished()
-        if any(r.finish_reason for r in active):  # an interrupted retirement
-            for slot in range(len(active) - 1, -1, -1):
-                req = active[slot]
-                if req.finish_reason:
-                    req.finish_text()
-                    self._finished.setdefault(req.rid, req.result())
-                    if req not in self._unreported:
-                        self._unreported.append(req)
-                    self._release(slot)
-        events = [  # final events an interrupted step did not hand out
-            StreamEvent(r.rid, r.output[r.emitted :], r.peek_text(), True, r.finish_reason, r.result())
-            for r in self._unreported
-        ]
-        return events, list(self._unreported)
-
-    def _retire(self, events: list[StreamEvent]) -> list[StreamEvent]:
-        """Free the slots of finished requests (highest slot first: the last slot moves into a freed one)."""
-        out = list(events)
-        for slot in range(len(self._active) - 1, -1, -1):
-            req = self._active[slot]
-            if not req.finish_reason:
-                continue
-            res = req.result()
-            e = events[slot]
-            out[slot] = StreamEvent(req.rid, e.tokens, e.text, True, req.finish_reason, res)
-            self._finished[req.rid] = res
-            self._unreported.append(req)  # until its final event is handed out
-            self._release(slot)
-        return out
 
 
 def _bind(drafter: Any, engine: Engine) -> None:

@@ -1,22 +1,38 @@
 """Requests in and out of the engine's batch: queueing (from any thread), admission into cache slots,
-results, aborts, and freeing a request's slot. ``Engine`` (``sssd.engine.engine``) runs the steps.
+results, aborts, freeing a request's slot, retiring finished requests and handing out a step's events.
+``Engine`` (``sssd.engine.engine``) runs the steps.
 
-The batch's bookkeeping is written to survive an interrupt at any line (``KeyboardInterrupt`` anywhere,
-tested line by line): a request is moved in one statement, queued until its slot exists, and an abort
-from inside a step waits for the next one (see ``sssd.engine.threads``).
+The batch's bookkeeping is written to survive an interrupt at any line (``KeyboardInterrupt`` or an
+exception anywhere, tested line by line by tests/interrupt_sweep.py): a request is moved in one statement,
+queued until its slot exists, and an abort from inside a step waits for the next one (see
+``sssd.engine.threads``). A step's events are handed out by one statement, its last: it stores what they
+hold (``HandOut``), which the next step applies to the requests; a step that raises after it puts back the
+previous one (``sssd.engine.threads``), so its events come again with the next step.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from dataclasses import replace
+from collections import deque
+from dataclasses import dataclass, replace
 from typing import Any
 
-from sssd.engine.requests import GenerationResult, Request, as_prompt_ids
+from sssd.checks import check_int
+from sssd.engine.recovery import repair_batch
+from sssd.engine.requests import GenerationResult, Request, StreamEvent, as_prompt_ids
 from sssd.engine.sampling import SamplingParams, as_params
 from sssd.engine.threads import in_step
 from sssd.policy.interface import AdmitView, StepView
+
+
+@dataclass(frozen=True)
+class HandOut:
+    """What a step's returned events held: per request the output tokens and text characters now handed
+    out, and the requests whose final event was among them."""
+
+    marks: tuple[tuple[Request, int, int], ...]
+    final: frozenset[int]
 
 
 class RequestsMixin:
@@ -34,29 +50,38 @@ class RequestsMixin:
     ) -> int:
         """Queue a request (text or token ids); it joins the batch at the next step. Returns its id.
         ``overrides``: SamplingParams fields (max_new_tokens, temperature, top_k, top_p, seed, stop, ...)."""
-        params = as_params(params, overrides)
+        return self._queue(prompt, as_params(params, overrides), budget, None)
+
+    def _queue(self, prompt: Any, params: SamplingParams, budget: Any, owner: int | None) -> int:
+        """``add_request`` for the requests of ``owner`` (a run of ``sssd.engine.runs``; None: step()'s
+        caller), who receives their events."""
         ids = as_prompt_ids(prompt, self.tokenizer, self.vocab_size)
         if len(ids) >= self.adapter.max_positions:
             raise ValueError(
                 f"prompt of {len(ids)} tokens does not fit the model's context "
                 f"of {self.adapter.max_positions} tokens"
             )
-        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
-            raise ValueError(f"budget must be an int >= 0, got {budget!r}")
+        if budget is not None:
+            budget = check_int(budget, "budget", lo=0)
         if params.stop and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer")
         eos = self.default_eos if params.eos_token_ids is None else params.eos_token_ids
         rid = next(self._ids)
         self._next_id = max(self._next_id, rid + 1)  # ids handed out so far (a hint for messages)
-        req = Request(rid, ids, params, frozenset(eos), budget, self.adapter.max_positions, self.tokenizer)
+        max_context = self.adapter.max_positions
+        req = Request(rid, ids, params, frozenset(eos), budget, max_context, self.tokenizer, owner=owner)
         self._inbox.append(req)  # never waits for a running step: the next one takes it
         return rid
 
     def has_unfinished(self) -> bool:
-        """True while a request is queued or running, or a finished one's final event was not handed out
-        yet (a step interrupted after finishing it): ``while engine.has_unfinished(): engine.step()``
-        delivers every event."""
-        return bool(self._inbox or self._waiting or self._active or self._unreported)
+        """True while a request is queued or running, or a finished request of ``step()``'s caller (added
+        with ``add_request``) has a final event not handed out yet (a step interrupted after finishing it):
+        ``while engine.has_unfinished(): engine.step()`` delivers every event. The final events of a
+        ``generate()`` / ``stream()``'s requests wait for it, not for ``step()``."""
+        if self._inbox or self._waiting or self._active:
+            return True
+        out = self._out
+        return any(r.owner is None and (out is None or r.rid not in out.final) for r in self._unreported)
 
     def result(self, rid: int) -> GenerationResult | None:
         """The result of a finished request, taken (returned once): held until its final event is handed
@@ -116,6 +141,88 @@ class RequestsMixin:
         if not chosen and not reqs:
             chosen = waiting[:1]  # an empty batch always makes progress
         return chosen
+
+    # -- the end of a step ---------------------------------------------------------------------------
+    def _retire(self, events: list[StreamEvent]) -> list[StreamEvent]:
+        """Free the slots of finished requests (highest slot first: the last slot moves into a freed one)."""
+        out = list(events)
+        for slot in range(len(self._active) - 1, -1, -1):
+            req = self._active[slot]
+            if not req.finish_reason:
+                continue
+            res = req.result()
+            e = events[slot]
+            out[slot] = StreamEvent(req.rid, e.tokens, e.text, True, req.finish_reason, res)
+            self._finished[req.rid] = res
+            self._unreported.append(req)  # until its final event is handed out
+            self._release(slot)
+        return out
+
+    def _hand_out(self, reqs: list[Request], events: list[StreamEvent], owner: int | None) -> list:
+        """The events of ``owner``'s requests (``reqs[i]``'s event is ``events[i]``), handed out by the
+        step's last statement (see the module docstring); the others' tokens and text wait in their
+        requests for their owner's step. A finished request's result moves to the bounded store of recent
+        results (``EngineConfig.kept_results``) at once: its final event is built from the request."""
+        out, marks, final = [], [], []
+        for r, e in zip(reqs, events, strict=True):
+            if r.owner != owner:
+                continue
+            out.append(e)
+            marks.append((r, r.emitted + len(e.tokens), r.emitted_text + len(e.text)))
+            if e.finished:
+                final.append(r.rid)
+                self._keep_result(r.rid)
+        self._out = HandOut(tuple(marks), frozenset(final))
+        return out
+
+    def _keep_result(self, rid: int) -> None:
+        kept, finished = self._results, self._finished
+        res = finished.get(rid)
+        if res is not None:  # in both stores for a moment, never in neither
+            kept[rid] = res
+            del finished[rid]
+        while len(kept) > self.config.kept_results:
+            kept.popitem(last=False)
+
+    def _deliver(self) -> None:
+        """Apply the hand-out of the last step whose events reached their caller (the first thing a step
+        does). Applying it twice changes nothing, so a step interrupted here applies it again."""
+        out = self._out
+        if out is None:
+            return
+        for req, tokens, chars in out.marks:
+            req.handed_out(tokens, chars)
+        if out.final:
+            self._unreported = [r for r in self._unreported if r.rid not in out.final]
+        self._out = None
+
+    def _recover(self) -> tuple[list[StreamEvent], list[Request]]:
+        """Bring the batch back to its invariants after something escaped a step (see
+        ``sssd.engine.recovery``); on the fast path a few comparisons. Returns the final events of requests
+        that an interrupted step finished but did not hand out, and those requests."""
+        active = self._active
+        if self._waiting and active:  # admitted while still queued (an interrupted admission)
+            running = {r.rid for r in active}
+            if any(r.rid in running for r in self._waiting):
+                self._waiting = deque(r for r in self._waiting if r.rid not in running)
+        for req in active:
+            req.catch_up()  # the checks of a token whose append was interrupted
+        self.stats.repaired += repair_batch(self.adapter, active)
+        if any(r.finish_reason for r in active):  # an interrupted retirement
+            for slot in range(len(active) - 1, -1, -1):
+                req = active[slot]
+                if req.finish_reason:
+                    req.finish_text()
+                    self._finished.setdefault(req.rid, req.result())
+                    if req not in self._unreported:
+                        self._unreported.append(req)
+                    self._release(slot)
+        unreported = list(self._unreported)
+        events = [  # final events an interrupted step did not hand out (or another owner's, kept for it)
+            StreamEvent(r.rid, r.output[r.emitted :], r.peek_text(), True, r.finish_reason, r.result())
+            for r in unreported
+        ]
+        return events, unreported
 
     def _release(self, slot: int) -> None:
         """Free a request's slot: its drafter and policy state, its cache rows (the last slot moves here)."""

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from sssd.engine.chat import chat_prompt_ids, is_messages
-from sssd.engine.detokenize import IncrementalDetokenizer
+from sssd.engine.detokenize import INCOMPLETE, IncrementalDetokenizer
 from sssd.engine.sampling import SamplingParams, draw_key, position_draws
 
 
@@ -101,11 +101,14 @@ class Request:
     stats: RequestStats = field(default_factory=RequestStats)
     finish_reason: str | None = None
     key: np.ndarray | None = None  # uint64 [2] key of the sampling draws (None: greedy), see draws()
+    owner: int | None = None  # the generate() / stream() whose request it is (None: step()'s caller)
     _detok: IncrementalDetokenizer | None = field(default=None, repr=False)
-    _new_text: list[str] = field(default_factory=list, repr=False)
     _text_done: bool = False
     _stop_len: int = 0
+    _checked: int = 0  # output tokens whose stop conditions were checked (an interrupt may leave one out)
+    _stop_seen: int = 0  # characters of complete text searched for stop strings
     emitted: int = 0  # output tokens handed out in StreamEvents
+    emitted_text: int = 0  # and characters of their text
     drafter_tokens: int = -1  # tokens of this request the drafter holds (-1: none / unknown; engine.recovery)
     draft_failures: int = 0
     draft_retry: int = 0  # the drafter step from which its drafter state may be rebuilt again
@@ -139,60 +142,63 @@ class Request:
     def append(self, new: list[int]) -> list[int]:
         """Add a step's tokens; applies stop strings, EOS, max_new_tokens and the context limit (tokens
         after the one that finishes the request are dropped). Returns the tokens kept. With a tokenizer the
-        text grows incrementally (``peek_text`` gives what is new since ``handed_out``)."""
+        text grows incrementally (``peek_text`` gives what is new since ``handed_out``).
+
+        The tokens are the truth and each is checked right after it arrives; an interrupt between the two
+        leaves the newest token unchecked, which :meth:`catch_up` checks (the checks can run twice)."""
         kept: list[int] = []
         for t in new:
-            kept.append(int(t))
-            self.output.append(int(t))
-            if self._detok is not None and self._grow_text():
-                self.finish_reason = "stop"  # a stop string wins over EOS / length at the same token
-            elif t in self.eos:
-                self.finish_reason = "eos"
-            elif len(self.output) >= self.params.max_new_tokens:
-                self.finish_reason = "length"
-            elif self.context_len >= self.max_context:
-                self.finish_reason = "context"
             if self.finish_reason:
                 break
+            self.output.append(int(t))
+            kept.append(int(t))
+            self._check_newest()
         if self.finish_reason:
             self.finish_text()
         self.stats.tokens = len(self.output)
         return kept
 
-    def _grow_text(self) -> bool:
-        """Detokenize the newest token; True when the text now contains a stop string. Only the last
-        characters are searched (a stop string that completes now ends in them), so the cost does not grow
-        with the output."""
-        detok = self._detok
-        before = detok.tail(self._stop_len - 1) if self._stop_len else ""
-        delta = detok.push(self.output)
-        if delta:
-            self._new_text.append(delta)
-        if not self._stop_len:
-            return False
-        window = before + delta + detok.pending
-        return any(s in window for s in self.params.stop)
-
-    def finish_text(self) -> None:
-        """Flush the text of a finished request (an incomplete last character as the tokenizer decodes it)."""
-        if self._detok is not None and not self._text_done:
-            delta = self._detok.finish(self.output)
-            if delta:
-                self._new_text.append(delta)
-            self._text_done = True
-
-    def recheck_finished(self) -> None:
-        """After an interrupted ``append``: the stop conditions that depend on the tokens alone (EOS,
-        max_new_tokens, the context limit), in case the token that met one arrived but its check did not
-        run."""
-        if self.finish_reason or not self.output:
-            return
-        if self.output[-1] in self.eos:
+    def _check_newest(self) -> None:
+        t = self.output[-1]
+        if self._detok is not None and self._grow_text():
+            self.finish_reason = "stop"  # a stop string wins over EOS / length at the same token
+        elif t in self.eos:
             self.finish_reason = "eos"
         elif len(self.output) >= self.params.max_new_tokens:
             self.finish_reason = "length"
         elif self.context_len >= self.max_context:
             self.finish_reason = "context"
+        self._checked = len(self.output)
+
+    def catch_up(self) -> None:
+        """After an interrupted ``append``: check the newest token if its checks did not run."""
+        if self._checked < len(self.output) and not self.finish_reason:
+            self._check_newest()
+
+    def _grow_text(self) -> bool:
+        """Detokenize the newest token; True when the text now contains a stop string. Only complete
+        characters count: the text, and what is held back of the newest characters up to an incomplete
+        one (U+FFFD as the tokenizer decodes a partial character is no character yet). Only the characters
+        new since the last search and the ones before them that a stop string can span are searched, so
+        the cost does not grow with the output; a search run again finds what the first one found."""
+        detok = self._detok
+        detok.push(self.output)
+        if not self._stop_len:
+            return False
+        held = detok.pending.rstrip(INCOMPLETE)
+        total = detok.length + len(held)
+        need = max(total - self._stop_seen, 1) + self._stop_len - 1
+        window = held[-need:] if need <= len(held) else detok.tail(need - len(held)) + held
+        if any(s in window for s in self.params.stop):
+            return True
+        self._stop_seen = total
+        return False
+
+    def finish_text(self) -> None:
+        """Flush the text of a finished request (an incomplete last character as the tokenizer decodes it)."""
+        if self._detok is not None and not self._text_done:
+            self._detok.finish(self.output)
+            self._text_done = True
 
     def fail(self, message: str) -> None:
         """Finish with ``finish_reason="error"``; the text stays what was decoded before the failure."""
@@ -202,14 +208,15 @@ class Request:
 
     def peek_text(self) -> str:
         """The text added since the last ``handed_out``."""
-        if len(self._new_text) > 1:
-            self._new_text[:] = ["".join(self._new_text)]
-        return self._new_text[0] if self._new_text else ""
+        detok = self._detok
+        return "" if detok is None else detok.tail(detok.length - self.emitted_text)
 
-    def handed_out(self) -> None:
-        """The tokens and text so far reached the caller (in a StreamEvent)."""
-        self.emitted = len(self.output)
-        self._new_text.clear()
+    def handed_out(self, tokens: int | None = None, chars: int | None = None) -> None:
+        """The first ``tokens`` output tokens and ``chars`` characters of text (default: all so far)
+        reached the caller (in StreamEvents)."""
+        if tokens is None:
+            tokens, chars = len(self.output), (0 if self._detok is None else self._detok.length)
+        self.emitted, self.emitted_text = tokens, chars
 
     def text(self) -> str:
         """The output's text so far (complete once the request finished)."""

@@ -16,12 +16,15 @@ SpecInfer's acceptance tests and residual draw at ``i`` take the next ones. So
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
+import functools
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
+
+from sssd.checks import check_int, check_real, is_int
 
 
 @dataclass(frozen=True)
@@ -41,37 +44,53 @@ class SamplingParams:
     eos_token_ids: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, (int, np.integer)):
-            raise TypeError(f"max_new_tokens must be an int, got {type(self.max_new_tokens).__name__}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        t = self.temperature
-        if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or t < 0:
-            raise ValueError(f"temperature must be a finite number >= 0, got {t!r}")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, (int, np.integer)) or self.top_k < 0:
-            raise ValueError(f"top_k must be an int >= 0 (0 = off), got {self.top_k!r}")
-        p = self.top_p
-        if not isinstance(p, (int, float)) or isinstance(p, bool) or not (0.0 < p <= 1.0):
-            raise ValueError(f"top_p must be in (0, 1], got {p!r}")
-        if self.seed is not None and (
-            isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer))
-        ):
-            raise TypeError(f"seed must be an int or None, got {type(self.seed).__name__}")
-        if self.seed is not None and self.seed < 0:
-            raise ValueError(f"seed must be an int >= 0 or None, got {self.seed}")
-        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
-        if any(not isinstance(s, str) or not s for s in stop):
-            raise ValueError(f"stop must be non-empty strings, got {self.stop!r}")
-        object.__setattr__(self, "stop", stop)
+        # every field checked and stored as a plain Python value: numpy scalars are accepted alike
+        # (np.float32(0.7) as well as np.int32(4)); a wrong type is a TypeError naming the field
+        put = functools.partial(object.__setattr__, self)
+        put("max_new_tokens", check_int(self.max_new_tokens, "max_new_tokens", lo=1))
+        t = check_real(self.temperature, "temperature")
+        if t < 0:
+            raise ValueError(f"temperature must be a finite number >= 0, got {t}")
+        put("temperature", t)
+        put("top_k", check_int(self.top_k, "top_k (0 = off)", lo=0))
+        p = check_real(self.top_p, "top_p")
+        if not 0.0 < p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {p}")
+        put("top_p", p)
+        if self.seed is not None:
+            put("seed", check_int(self.seed, "seed", lo=0))
+        put("stop", _stop_strings(self.stop))
         if self.eos_token_ids is not None:
-            ids = (self.eos_token_ids,) if isinstance(self.eos_token_ids, int) else tuple(self.eos_token_ids)
-            if any(isinstance(i, bool) or not isinstance(i, (int, np.integer)) or i < 0 for i in ids):
-                raise ValueError(f"eos_token_ids must be non-negative ints, got {self.eos_token_ids!r}")
-            object.__setattr__(self, "eos_token_ids", tuple(int(i) for i in ids))
+            put("eos_token_ids", _token_ids(self.eos_token_ids, "eos_token_ids"))
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def _stop_strings(stop: Any) -> tuple[str, ...]:
+    """``stop`` as a tuple of non-empty strings: one string, or an iterable of them."""
+    if isinstance(stop, str):
+        stop = (stop,)
+    elif isinstance(stop, (bytes, bytearray)) or not isinstance(stop, Iterable):
+        raise TypeError(f"stop must be a string or a sequence of strings, got {type(stop).__name__} {stop!r}")
+    out = tuple(stop)
+    for s in out:
+        if not isinstance(s, str):
+            raise TypeError(f"stop must hold strings, got {type(s).__name__} {s!r}")
+        if not s:
+            raise ValueError("stop strings must not be empty")
+    return tuple(str(s) for s in out)
+
+
+def _token_ids(ids: Any, name: str) -> tuple[int, ...]:
+    """``ids`` (one token id or an iterable of them; ints or numpy integers) as a tuple of ints >= 0."""
+    if is_int(ids):
+        ids = (ids,)
+    elif isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+        what = f"{type(ids).__name__} {ids!r}"
+        raise TypeError(f"{name} must be a token id or a sequence of token ids, got {what}")
+    return tuple(check_int(i, f"{name} entries", lo=0) for i in ids)
 
 
 def target_probs(logits: torch.Tensor, params: SamplingParams) -> np.ndarray:
@@ -130,6 +149,12 @@ def as_params(params: SamplingParams | None, overrides: dict, *, stop: Sequence[
     """``params`` with keyword overrides applied (None values ignored)."""
     base = params or SamplingParams()
     kw = {k: v for k, v in overrides.items() if v is not None}
+    unknown = sorted(set(kw) - set(base.__dataclass_fields__))
+    if unknown:
+        raise TypeError(
+            f"unknown sampling parameter(s) {', '.join(unknown)}; SamplingParams has "
+            f"{', '.join(base.__dataclass_fields__)}"
+        )
     if stop is not None:
         kw["stop"] = stop
     if not kw:

@@ -15,6 +15,7 @@ shadow's modules hold the same hook tables), so a hook added later still runs in
 from __future__ import annotations
 
 import copy
+import functools
 import types
 from typing import Any
 
@@ -52,16 +53,19 @@ def _copy_module(module: torch.nn.Module, configs: dict[int, Any], done: dict[in
         if id(value) in configs:
             setattr(twin, key, configs[id(value)])
     own = vars(module).get("forward")
-    if own is not None:  # an instance-level forward (e.g. an accelerate hook): it must run on the twin
-        if isinstance(own, types.MethodType) and own.__self__ is module:
-            twin.forward = types.MethodType(own.__func__, twin)
-        else:
-            raise ValueError(
-                f"{type(module).__name__} has a forward of its own ({type(own).__name__}, e.g. from "
-                "accelerate's device-map hooks), which the engine cannot run on its view of the model; load "
-                "the model without a device map (one device)"
-            )
+    if own is not None:  # an instance-level forward (a user's patch, an accelerate hook) runs on the twin
+        twin.forward = _rebound(own, module, twin)
     return twin
+
+
+def _rebound(forward: Any, module: torch.nn.Module, twin: torch.nn.Module) -> Any:
+    """An instance-level ``forward`` that refers to ``module`` (a bound method, or a partial with the module
+    as its first argument, as accelerate's hooks install) made to refer to ``twin``; others as they are."""
+    if isinstance(forward, types.MethodType) and forward.__self__ is module:
+        return types.MethodType(forward.__func__, twin)
+    if isinstance(forward, functools.partial) and forward.args and forward.args[0] is module:
+        return functools.partial(forward.func, twin, *forward.args[1:], **forward.keywords)
+    return forward
 
 
 def shadow_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -69,10 +73,9 @@ def shadow_model(model: torch.nn.Module) -> torch.nn.Module:
     docstring), in eval mode."""
     done: dict[int, Any] = {}
     twin = _copy_module(model, _config_copies(model.config), done)
-    for original_id, module in list(done.items()):  # modules held as plain attributes: their twins too
-        for key, value in vars(module).items():
-            if isinstance(value, torch.nn.Module) and id(value) in done and done[id(value)] is not value:
-                if id(value) != original_id:
-                    object.__setattr__(module, key, done[id(value)])
+    for module in list(done.values()):  # modules held as plain attributes: their twins there too
+        for key, value in list(vars(module).items()):
+            if isinstance(value, torch.nn.Module) and id(value) in done:
+                object.__setattr__(module, key, done[id(value)])
     twin.eval()
     return twin

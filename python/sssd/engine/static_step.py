@@ -172,6 +172,36 @@ def _static_forward(model, hidden, input_ids, position_ids, committed, ancestors
     return model(**kw, logits_to_keep=0).logits[0]
 
 
+class HookWatch:
+    """The forward hooks of a model (and torch's global ones): a compiled graph or a captured CUDA graph
+    runs without them (dynamo does not guard on hooks; a replay runs no Python), so a model with hooks
+    must run its forward eagerly. Checked before every static forward: one glance at each hook dict (the
+    engine's view of the model, ``sssd.engine.shadow``, holds the user's modules' very dicts).
+    transformers' own output-capturing hooks are left out: they act only when a forward asks for hidden
+    states or attentions, which the engine's never do."""
+
+    def __init__(self, model: Any):
+        from torch.nn.modules import module
+
+        self._dicts = [d for m in model.modules() for d in (m._forward_hooks, m._forward_pre_hooks)]
+        self._dicts += [module._global_forward_hooks, module._global_forward_pre_hooks]
+
+    def hooks(self) -> list[str]:
+        """The names of the hooks that matter (usually none: then a glance at each dict)."""
+        if not any(self._dicts):
+            return []
+        return [_name(h) for d in self._dicts for h in d.values() if not _inert(h)]
+
+
+def _inert(hook: Any) -> bool:
+    fn = getattr(hook, "__func__", hook)
+    return getattr(fn, "__module__", "") == "transformers.utils.output_capturing"
+
+
+def _name(hook: Any) -> str:
+    return str(getattr(hook, "__qualname__", None) or type(hook).__name__)
+
+
 class StaticStep:
     """The static-shape verification forward of one ``ModelAdapter``: buffers and a function per bucket.
 
@@ -183,6 +213,7 @@ class StaticStep:
         self._views_of: tuple | None = None  # the cache tensors they view
         self.adapter = adapter
         self.mode = mode
+        self._hooks = HookWatch(adapter.model)
         self.device = adapter.device
         self._buffers: dict[Bucket, dict[str, torch.Tensor]] = {}
         self._graphs: dict[Bucket, Any] = {}  # "cudagraph" mode: (graph, output, cache tensors)
@@ -236,6 +267,12 @@ class StaticStep:
         cache = adapter.cache
         if (cache.capacity, cache.slots) != (bucket.capacity, bucket.cache_slots):
             raise ValueError(f"{bucket} does not match the cache ({cache.slots} x {cache.capacity} rows)")
+        hooks = self._hooks.hooks()
+        if hooks:
+            raise CompileError(
+                f"{adapter.model_class} has forward hooks ({', '.join(sorted(set(hooks)))}), which "
+                f"compile={self.mode!r} would skip"
+            )
         bufs = self._fill(bucket, trees, committed)
         model = adapter._base if adapter.lazy_head else adapter.view
         names = ("input_ids", "position_ids", "committed", "ancestors", "row_ids")
@@ -244,15 +281,7 @@ class StaticStep:
         ready = self._captured(bucket) if self.mode == "cudagraph" else bucket in self._ready
         if not ready:
             t0 = time.perf_counter()
-            try:
-                self._call(bucket, args)
-            except (torch.OutOfMemoryError, MemoryError):
-                raise
-            except Exception as e:
-                raise CompileError(
-                    f"compile={self.mode!r} could not compile the verification forward of "
-                    f"{adapter.model_class} at {bucket}: {type(e).__name__}: {_first_line(e)}"
-                ) from e
+            self._call(bucket, args, first=True)
             adapter.synchronize()
             self._ready.add(bucket)
             self.last_compile_time = time.perf_counter() - t0
@@ -260,11 +289,28 @@ class StaticStep:
             self.compiles += 1
         return self._call(bucket, args)
 
-    def _call(self, bucket: Bucket, args: tuple) -> torch.Tensor:
+    def _call(self, bucket: Bucket, args: tuple, first: bool = False) -> torch.Tensor:
         if self.mode == "cudagraph":
             return self._replay(bucket, args)
+        fn, views = self._function(bucket), self._cache_views(bucket)
         with torch.inference_mode():
-            return self._function(bucket)(*args, *self._cache_views(bucket))
+            return self._first_call(bucket, fn, *args, *views) if first else fn(*args, *views)
+
+    def _first_call(self, bucket: Bucket, fn: Any, *args: Any) -> Any:
+        """``fn(*args)``, the first call of a bucket's function (which compiles or captures it): an
+        exception from it means the bucket cannot be compiled (``CompileError``, the forward runs eagerly
+        from then on), except running out of memory. Only this call is covered: an interrupt, or an
+        exception raised around it, is no compiler's and propagates as it is (the step resumes and
+        compiles the bucket then)."""
+        try:
+            return fn(*args)
+        except (torch.OutOfMemoryError, MemoryError):
+            raise
+        except Exception as e:
+            raise CompileError(
+                f"compile={self.mode!r} could not compile the verification forward of "
+                f"{self.adapter.model_class} at {bucket}: {type(e).__name__}: {_first_line(e)}"
+            ) from e
 
     def _cache_views(self, bucket: Bucket) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Per layer, the first ``rows`` rows of every slot: ``[cache slots, Hkv, rows, D]`` views, the
@@ -302,17 +348,21 @@ class StaticStep:
             graph.replay()
             return out
         with torch.inference_mode():
-            stream = torch.cuda.Stream(self.device)
-            stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(stream):
-                fn(*args, *views)  # warm-up: lazy initialisations happen outside the capture
-            torch.cuda.current_stream(self.device).wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool()):
-                out = fn(*args, *views)
+            graph, out = self._first_call(bucket, self._capture, fn, args, views)
         self._graphs[bucket] = (graph, out, cache.keys, cache.values)
         graph.replay()
         return out
+
+    def _capture(self, fn: Any, args: tuple, views: tuple) -> tuple[Any, torch.Tensor]:
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            fn(*args, *views)  # warm-up: lazy initialisations happen outside the capture
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool()):
+            out = fn(*args, *views)
+        return graph, out
 
     def _pool(self):
         if self._mempool is None:  # one memory pool shared by every bucket's graph

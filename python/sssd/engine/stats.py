@@ -65,6 +65,7 @@ class StepRecord:
     forward_s: float = 0.0
     verify_s: float = 0.0
     prefill_s: float = 0.0  # admitting requests before the step (the running ones waited)
+    head_s: float = 0.0  # of forward_s: the output head over the rows verification asked for
 
     @property
     def step_s(self) -> float:
@@ -87,6 +88,7 @@ class EngineStats:
     nodes: int = 0  # draft (non-root) nodes verified
     draft_time: float = 0.0
     forward_time: float = 0.0  # the verification forward and the output head
+    head_time: float = 0.0  # of forward_time: the output head
     verify_time: float = 0.0
     prefill_time: float = 0.0
     step_time: float = 0.0
@@ -109,6 +111,7 @@ class EngineStats:
         self.nodes += sum(step.drafted)
         self.draft_time += step.draft_s
         self.forward_time += step.forward_s
+        self.head_time += step.head_s
         self.verify_time += step.verify_s
         self.step_time += step.step_s
         for req, drafted, accepted in zip(step.requests, step.drafted, step.accepted, strict=True):

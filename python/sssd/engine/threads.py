@@ -7,11 +7,11 @@ next step before anything else (it registers first), so a driving thread that st
 starve it: locks are not fair.
 
 ``engine._lock`` (re-entrant) guards the engine's state and a step holds it from start to end (taken
-here, given back by the step's last act, ``Engine._hand_out``, or here when the step raises). Whether a
-thread is inside a step is read from its stack (a frame of the step function), never from a flag: a flag
-that an interrupt kept from being reset would lie forever. A second ``step()`` while one runs raises
-RuntimeError; an ``abort`` from inside a step of its own thread (a callback, a ``stream()`` collected
-mid-step) is deferred to the start of the next step instead of changing the batch under the running step.
+and given back here). Whether a thread is inside a step is read from its stack (a frame of a step
+function), never from a flag: a flag that an interrupt kept from being reset would lie forever. A second
+``step()`` while one runs raises RuntimeError; an ``abort`` from inside a step of its own thread (a
+callback, a ``stream()`` collected mid-step) is deferred to the start of the next step instead of
+changing the batch under the running step.
 
 ``KeyboardInterrupt`` is delivered to the main thread between bytecodes, also between the end of a
 ``with`` block and the lock's release (the block's exit is not protected); the lock then stays held by
@@ -43,12 +43,15 @@ def in_step(thread_id: int) -> bool:
 
 
 def one_step_at_a_time(step: Any) -> Any:
-    """``Engine.step`` under the engine's lock: requests added by other threads join first, aborts made
-    from inside the previous step are applied, and a second concurrent ``step()`` raises."""
+    """``Engine.step`` (and its variants) under the engine's lock: requests added by other threads join
+    first, aborts made from inside the previous step are applied, and a second concurrent step raises.
+    The events are handed out by the step's last statement (``Engine._hand_out``); when anything escapes
+    after it, the hand-out of the step before is put back first (no call comes before that, so nothing can
+    interrupt it), and the step's events come again with the next step."""
     _STEP_CODES.add(step.__code__)
 
     @functools.wraps(step)
-    def run(self: Any) -> list:
+    def run(self: Any, *args: Any) -> list:
         me = threading.get_ident()
         other = self._stepper
         if in_step(me) or (other is not None and other != me and in_step(other)):
@@ -60,14 +63,17 @@ def one_step_at_a_time(step: Any) -> Any:
         if self._lock._is_owned():  # levels an interrupt left held: no step of this thread runs now
             self._lock._release_save()  # gives back every level (threading.Condition uses it too)
         self._lock.acquire()
+        delivered = self._out  # the hand-out of the last step whose events reached their caller
         try:
             self._stepper = me
+            self._deliver()
             self._take_inbox()
             self._apply_deferred_aborts()
-            # the step's last act, Engine._hand_out, releases the lock: a `with` block here would run a
-            # line after the events were marked as handed out, where an interrupt would lose them
-            return step(self)
+            events = step(self, *args)
+            self._lock.release()
+            return events
         except BaseException:
+            self._out = delivered  # first: this step's events did not reach the caller
             if self._lock._is_owned():
                 self._lock.release()
             raise

@@ -16,10 +16,10 @@ from sssd.fileio import json_object
 DTYPES = ("float32", "bfloat16", "float16")
 DTYPE_CHOICES = ("auto", *DTYPES)  # what --dtype accepts
 DTYPE_HELP = (
-    "model weights: auto (float32 on a CPU: the exactness reference, greedy output identical token for "
-    "token to plain decoding; bfloat16 on a GPU), float32, bfloat16 or float16. In bfloat16/float16 a "
-    "forward over many tokens rounds differently from one-token forwards, so outputs can drift from plain "
-    "decoding in the same dtype"
+    "model weights: auto (on a GPU bfloat16; on a CPU whichever of float32 and bfloat16 a few timed "
+    "forwards find faster on this machine, said in the header), float32 (greedy output identical token "
+    "for token to plain decoding), bfloat16 or float16. In bfloat16/float16 a forward over many tokens "
+    "rounds differently from one-token forwards, so outputs can drift from plain decoding in the same dtype"
 )
 
 
@@ -42,9 +42,9 @@ def cpu_bf16_units() -> str | None:
 
 
 def resolve_dtype(dtype: str, device: str) -> str:
-    """The dtype to load for ``--dtype`` on ``device`` (as resolved by :func:`resolve_device`): ``auto`` is
-    float32 on a CPU, with or without bfloat16 units (float32 is where greedy speculation is exact; the
-    faster bfloat16 stays the user's choice) and bfloat16 on a GPU."""
+    """The dtype to load for ``--dtype`` on ``device`` (as resolved by :func:`resolve_device`) without
+    measuring anything: ``auto`` is float32 on a CPU (where greedy speculation is exact) and bfloat16 on a
+    GPU. The commands' ``--dtype auto`` on a CPU times both instead (``sssd.cli.dtypes``)."""
     if dtype not in DTYPE_CHOICES:
         raise ValueError(f"dtype must be one of {DTYPE_CHOICES}, got {dtype!r}")
     if dtype != "auto":
@@ -172,25 +172,29 @@ def chat_ids(tokenizer: Any, text: str) -> list[int]:
 
 def read_prompts(path: str | Path) -> list[dict[str, Any]]:
     """Prompts from a file: ``.jsonl`` lines with ``prompt_ids`` (token ids) or ``text``/``prompt``
-    (and optionally ``id``), or any other file with one text prompt per non-empty line."""
+    (and optionally ``id``), or any other file with one text prompt per non-empty line. Every error names
+    the file (a binary file is not UTF-8 text)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"prompts file not found: {path}")
-    out: list[dict[str, Any]] = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            if path.suffix == ".jsonl":
-                obj = json_object(line, f"{path}:{n}")
-                text = obj.get("text", obj.get("prompt"))
-                if "prompt_ids" not in obj and not isinstance(text, str):
-                    raise ValueError(f"{path}:{n}: needs 'prompt_ids' or a 'text'/'prompt' string")
-                out.append(
-                    {"id": obj.get("id", f"{path.stem}/{n}"), "text": text, "ids": obj.get("prompt_ids")}
-                )
-            else:
-                out.append({"id": f"{path.stem}/{n}", "text": line.rstrip("\n"), "ids": None})
+    try:
+        with open(path, encoding="utf-8") as f:
+            out = [_prompt_item(path, n, line) for n, line in enumerate(f, 1) if line.strip()]
+    except UnicodeDecodeError:
+        raise ValueError(
+            f"{path} is not UTF-8 text: prompts come from a text file (one per line) or a .jsonl file"
+        ) from None
     if not out:
         raise ValueError(f"{path} has no prompts")
     return out
+
+
+def _prompt_item(path: Path, n: int, line: str) -> dict[str, Any]:
+    """Line ``n`` of a prompts file as {id, text, ids}."""
+    if path.suffix != ".jsonl":
+        return {"id": f"{path.stem}/{n}", "text": line.rstrip("\n"), "ids": None}
+    obj = json_object(line, f"{path}:{n}")
+    text = obj.get("text", obj.get("prompt"))
+    if "prompt_ids" not in obj and not isinstance(text, str):
+        raise ValueError(f"{path}:{n}: needs 'prompt_ids' or a 'text'/'prompt' string")
+    return {"id": obj.get("id", f"{path.stem}/{n}"), "text": text, "ids": obj.get("prompt_ids")}

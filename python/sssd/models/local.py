@@ -48,6 +48,13 @@ def find_smollm2_gguf() -> Path:
     )
 
 
+def converted_dir(gguf_path: str | os.PathLike[str] | None = None) -> Path:
+    """Where :func:`ensure_hf_model` keeps the conversion of ``gguf_path`` (default: SmolLM2); it holds a
+    ``config.json`` once converted."""
+    src = Path(gguf_path) if gguf_path is not None else find_smollm2_gguf()
+    return cache_dir() / "models" / src.name.removesuffix(".gguf")
+
+
 def ensure_hf_model(gguf_path: str | os.PathLike[str] | None = None) -> Path:
     """A Hugging Face model directory (config, weights, tokenizer) converted from the GGUF file, cached.
 
@@ -58,7 +65,7 @@ def ensure_hf_model(gguf_path: str | os.PathLike[str] | None = None) -> Path:
     if not src.is_file():
         raise FileNotFoundError(f"GGUF file not found: {src}")
     name = src.name.removesuffix(".gguf")
-    out = cache_dir() / "models" / name
+    out = converted_dir(src)
     if (out / "config.json").is_file():
         return out
     from transformers import AutoModelForCausalLM, AutoTokenizer

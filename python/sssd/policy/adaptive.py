@@ -141,8 +141,9 @@ class BudgetPolicy:
         self.cost = cost_model or CostModel()
         self.acceptance = AcceptanceStats()
         self.slo: dict[int, SLOTarget] = {}
-        # (batch size, chosen budget) of the most recent steps (bounded: a server runs for days)
-        self.history: deque[tuple[int, int]] = deque(maxlen=4096)
+        # (batch size, chosen budget) of the most recent steps (as many as the cost model's sample window:
+        # a server runs for days)
+        self.history: deque[tuple[int, int]] = deque(maxlen=self.cost.forward.window)
         # the most recent steps as planned and measured (as many as the cost model's sample window)
         self.trace: deque[PolicyStep] = deque(maxlen=self.cost.forward.window)
         self._requests: dict[int, _RequestStats] = {}
