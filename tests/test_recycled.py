@@ -40,6 +40,8 @@ def native(tree, table, cal=None, pairs=None, **opts):
         "f": np.asarray(tree["f"], np.float64),
         "source": np.asarray(tree["source"], np.int8),
     }
+    if "match_len" in tree:
+        arrays["match_len"] = np.asarray(tree["match_len"], np.int32)
     keys = np.asarray([key[1] for key, _ in rows], np.int32)
     if pairs:
         opts["prev"] = np.asarray([key[0] for key, _ in rows], np.int32)
@@ -105,6 +107,23 @@ def test_rescoring_agreement_and_absence():
     assert out["tokens"] == [5, 7, 6, 8] and out["f"][3] == 0.25
 
 
+def test_a_long_match_keeps_its_retrieval_score():
+    # rescoring groups by rank only: a node continuing a long match (whose source's calibration knows
+    # it is right most of the time) keeps its retrieval p, source and match length
+    tree = {
+        "tokens": [5, 7, 6],
+        "parents": [-1, 0, 0],
+        "p": [1.0, 0.5, 0.25],
+        "f": [1.0, 0.5, 0.25],
+        "source": [-1, 2, 1],
+        "match_len": [0, ref.RESCORE_MAX_MATCH, ref.RESCORE_MAX_MATCH - 1],
+    }
+    out = native(tree, {5: ([7, 8], [0.75, 0.25])}, max_new=1)
+    assert out["source"][1:3] == [2, 4]
+    assert out["match_len"][1:3] == [ref.RESCORE_MAX_MATCH, 64]
+    assert out["p"][1] == 0.5 and out["source_mask"][1] == 0
+
+
 def test_floor_keeps_out_what_selection_would_never_reach():
     tree = {
         "tokens": [5, 7, 6],
@@ -144,6 +163,7 @@ def cases(draw):
         "p": [1.0],
         "f": [1.0],
         "source": [-1],
+        "match_len": [0],
     }
     for i in range(1, n):
         u = draw(st.integers(0, i - 1))
@@ -153,6 +173,7 @@ def cases(draw):
         tree["p"].append(p)
         tree["f"].append(tree["f"][u] * p)
         tree["source"].append(draw(st.sampled_from([0, 1, 2, 3])))
+        tree["match_len"].append(draw(st.sampled_from([1, 8, 9, 30])))
     table = {}
     for t in draw(st.sets(st.integers(0, vocab - 1))):
         ids = draw(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=3, unique=True))

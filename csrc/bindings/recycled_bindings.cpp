@@ -72,6 +72,8 @@ py::dict expand_tree(py::dict tree, py::handle tokens, py::handle ids, py::handl
   const float* p = typed<float>(tree["p"], "p", n);
   const double* f = typed<double>(tree["f"], "f", n);
   const int8_t* src = typed<int8_t>(tree["source"], "source", n);
+  // Optional: the retrieval match length of each node (default 0).
+  const int32_t* mlen = tree.contains("match_len") ? typed<int32_t>(tree["match_len"], "match_len", n) : nullptr;
   check_finite(f, n, "f");
   if (par[0] != -1) throw py::value_error("node 0 must be the root (parent -1)");
   for (py::ssize_t i = 0; i < n; ++i) {
@@ -106,6 +108,7 @@ py::dict expand_tree(py::dict tree, py::handle tokens, py::handle ids, py::handl
     ct.p[i] = p[i];
     ct.f[i] = f[i];
     ct.source[i] = src[i];
+    ct.match_len[i] = mlen != nullptr ? mlen[i] : 0;
   }
   sssd::RecycleScratch scratch;
   sssd::expand_recycled(table, cal, rp, ct, scratch);

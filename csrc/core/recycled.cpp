@@ -158,7 +158,8 @@ class Expander {
   }
   bool good(double f) const { return f >= params_.min_f && f > floor_; }
 
-  // Every relevant retrieval node (f >= relevant) whose parent's token has a row gets p =
+  // Every relevant retrieval node (f >= relevant, match shorter than kRescoreMaxMatch) whose parent's
+  // token has a row gets p =
   // cal(kRescoredSource, depth, 1 + its rank in the row (kAbsentRank + 1 when absent), its retrieval
   // p); then its f estimate follows (parents first). The relevant nodes are listed in s_.relevant.
   void rescore(double relevant) {
@@ -171,7 +172,7 @@ class Expander {
       const int32_t u = t_.parents[v];
       bool pair = false;
       const int32_t count = row_of(u, &ids, &probs, &pair);
-      if (count > 0 && t_.source[v] >= 0 && t_.source[v] < kNumTrieSources) {
+      if (count > 0 && t_.source[v] >= 0 && t_.source[v] < kNumTrieSources && t_.match_len[v] < kRescoreMaxMatch) {
         const auto j = static_cast<int32_t>(std::find(ids, ids + count, t_.tokens[v]) - ids);
         const int32_t match = j < count ? recycled_match(j, pair) : kAbsentRank + 1;
         t_.raw[v] = t_.p[v];

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 RECYCLED, RESCORED, ABSENT_RANK = 3, 4, 63  # source ids and the rank of an absent candidate (calibration.h)
+RESCORE_MAX_MATCH = 9  # retrieval nodes with a match this long keep their scores (recycled.h)
 PAIR_RANK_BASE = 8
 
 
@@ -128,7 +129,9 @@ def expand_recycled(
     root_prev: int = -1,
 ) -> dict:
     """The recycled candidates added to a merged tree (csrc/core/recycled.h): rescoring, then best-first
-    expansion. tree: lists ``tokens``, ``parents``, ``p``, ``f``, ``source`` (node 0 the root); table:
+    expansion. tree: lists ``tokens``, ``parents``, ``p``, ``f``, ``source`` (node 0 the root), optionally
+    ``match_len`` (the retrieval match length, default 0: nodes of RESCORE_MAX_MATCH or more are not
+    rescored); table:
     token -> (ids, probs), best first; pairs: (previous token, token) -> (ids, probs), the pair rows the
     table holds, preferred to the token's row; root_prev: the token before the root (-1: none);
     cal_p(source, depth, match, raw) -> p (None: p = raw); match_edges: the calibration's match-length
@@ -150,7 +153,8 @@ def expand_recycled(
     t["depth"] = [0] * n
     for v in range(1, n):
         t["depth"][v] = t["depth"][t["parents"][v]] + 1
-    t["raw"], t["match_len"], t["source_mask"] = [1.0] + [0.0] * (n - 1), [0] * n, [0] * n  # the root: raw 1
+    t["raw"], t["source_mask"] = [1.0] + [0.0] * (n - 1), [0] * n  # the root: raw 1
+    t["match_len"] = [int(x) for x in tree["match_len"]] if "match_len" in tree else [0] * n
     if max_new <= 0 or max_depth < 1:
         return t
     kids = {}
@@ -172,7 +176,7 @@ def expand_recycled(
     for v in relevant:  # 1. rescoring
         u = t["parents"][v]
         ids, _, pair = row_of(u)
-        if 0 <= t["source"][v] < RECYCLED and len(ids):
+        if 0 <= t["source"][v] < RECYCLED and len(ids) and t["match_len"][v] < RESCORE_MAX_MATCH:
             j = list(ids).index(t["tokens"][v]) if t["tokens"][v] in list(ids) else None
             match = recycled_match(j, pair) if j is not None else ABSENT_RANK + 1
             t["raw"][v] = t["p"][v]
