@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from sssd.batch import take_nodes
 from sssd.datastore.compat import check_for_model, drafter_datastores
 from sssd.engine.adapter import ATTENTION_BACKENDS, ModelAdapter
 from sssd.engine.detokenize import DecodeError
@@ -127,7 +128,8 @@ class EngineConfig:
 @dataclass
 class Drafts:
     """A step's trees: per request ``(tree, batch indices of its nodes)`` (a root alone where nothing is
-    drafted), the drafter's batch and the batch positions of the requests it drafted for."""
+    drafted), the drafter's batch cut to the nodes verified (what ``observe`` gets back) and the batch
+    positions of the requests it drafted for."""
 
     budget: Budget
     trees: list  # [B] (sssd.engine.trees.Tree, int64 [n]) per request (None while being built)
@@ -286,7 +288,8 @@ class Engine(RequestsMixin, RunsMixin):
                 drafts.trees[i] = checked.trees[j]
         if checked.cut:
             self._guard.over_budget(checked.cut, checked.proposed, budget)
-        drafts.batch, drafts.drafting = batch, drafting
+        # the drafter learns from what was verified only: nodes cut here were never scored (take_nodes)
+        drafts.batch, drafts.drafting = take_nodes(batch, checked.verified), drafting
 
     def _advance(self, reqs: list[Request], drafts: Drafts, paths: list, next_tokens: list[int]) -> list:
         """Append each request's accepted tokens and the model's own next token, tell the drafter, and
