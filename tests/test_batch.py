@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import sssd
-from sssd.batch import take_nodes, tree_index
+from sssd.batch import accumulated_probs, take_nodes, tree_index, tree_sums
 
 
 def _paths(tokens, parents, offsets) -> list[set[tuple[int, ...]]]:
@@ -66,3 +66,22 @@ def test_take_nodes_cuts_a_plain_dataclass_batch():
     assert cut.tokens.tolist() == [1, 3, 4, 9, 8]
     assert cut.parents.tolist() == [-1, 0, 1, -1, 0]
     assert cut.offsets.tolist() == [0, 3, 5] and cut.request_ids.tolist() == [10, 11]
+
+
+def test_tree_sums_and_accumulated_probs():
+    b = _Plain(np.array([1, 2, 3, 4, 9, 8]), np.array([-1, 0, 1, 0, -1, 0]), np.array([0, 4, 6]),
+               np.array([10, 11]))  # fmt: skip
+    probs = np.array([1.0, 0.5, 0.4, 0.25, 1.0, 0.8])
+    depth = np.array([0, 1, 2, 1, 0, 1])
+
+    @dataclass(frozen=True)
+    class WithProbs:
+        parents: np.ndarray
+        probs: np.ndarray
+        depth: np.ndarray
+        offsets: np.ndarray
+
+    f = accumulated_probs(WithProbs(b.parents, probs, depth, b.offsets))
+    np.testing.assert_allclose(f, [1.0, 0.5, 0.2, 0.25, 1.0, 0.8])
+    np.testing.assert_allclose(tree_sums(np.where(b.parents >= 0, f, 0.0), b.offsets), [0.95, 0.8])
+    assert tree_sums(np.zeros(0), np.array([0])).shape == (0,)

@@ -21,10 +21,10 @@ ALLOWED = {
     "datastore": {"_core", "checks"},
     "kernels": {"_core", "_cuda"},
     "models": {"fileio"},
-    "policy": {"checks", "fileio"},
+    "policy": {"batch", "checks", "fileio"},
     "engine": {"batch", "checks", "datastore", "kernels", "policy"},
     "drafter": {"_core", "batch", "checks", "datastore", "engine", "fileio"},
-    "evaluation": {"drafter", "fileio"},
+    "evaluation": {"batch", "drafter", "fileio"},
     "integrations": {"checks", "data", "datastore", "drafter", "fileio", "models", "policy"},
     "cli": {"_core", "data", "datastore", "drafter", "engine", "evaluation", "fileio", "models", "policy"},
 }

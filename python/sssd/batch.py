@@ -22,6 +22,28 @@ def tree_index(offsets: np.ndarray) -> np.ndarray:
     return np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
 
 
+def tree_sums(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """``[B]`` float64: the sum of ``values`` (``[N]``) over each tree's nodes (0 for an empty batch)."""
+    offsets = np.asarray(offsets, np.int64)
+    return np.bincount(tree_index(offsets), weights=values, minlength=len(offsets) - 1)
+
+
+def accumulated_probs(batch: Any) -> np.ndarray:
+    """f(v) = product of p along the path root..v, per node ``[N]`` float64 (1.0 for roots), from the
+    batch's ``parents``, ``probs``, ``depth`` and ``offsets``. One vectorised pass per depth (parents
+    precede children, so depth d needs only depth d - 1)."""
+    parents = np.asarray(batch.parents)
+    probs = np.asarray(batch.probs, dtype=np.float64)
+    offsets = np.asarray(batch.offsets, np.int64)
+    depth = np.asarray(batch.depth)
+    f = np.ones(len(parents), dtype=np.float64)
+    glob_parent = np.where(parents >= 0, parents + offsets[tree_index(offsets)], -1)
+    for d in range(1, int(depth.max(initial=0)) + 1):
+        sel = np.flatnonzero(depth == d)
+        f[sel] = f[glob_parent[sel]] * probs[sel]
+    return f
+
+
 def take_nodes(batch: Any, keep: np.ndarray) -> Any:
     """The batch restricted to the nodes ``keep`` (bool ``[N]``, roots kept, closed under parents), of the
     same type: per-node fields indexed, ``offsets`` recomputed, ``parents`` renumbered within each tree.

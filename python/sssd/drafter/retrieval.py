@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from sssd import _core
-from sssd.batch import renumbered
+from sssd.batch import renumbered, tree_sums
 from sssd.checks import check_bool, check_fields, check_int, check_real, int_array
 from sssd.datastore.store import Datastore
 from sssd.drafter.calibration import CalibrationTable, PathLike, default_table
@@ -163,8 +163,7 @@ class DraftBatch:
 
     def expected_accepted(self) -> np.ndarray:
         """[B] sum of f over each tree's draft nodes (expected accepted tokens)."""
-        f = np.where(self.parents >= 0, self.acc_prob.astype(np.float64), 0.0)
-        return np.add.reduceat(f, self.offsets[:-1]) if self.num_trees else np.zeros(0)
+        return tree_sums(np.where(self.parents >= 0, self.acc_prob.astype(np.float64), 0.0), self.offsets)
 
     def truncate(self, k: int) -> DraftBatch:
         """Roots plus the nodes with rank < k (the selection for global budget k)."""

@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from sssd.batch import tree_index
+
 
 @dataclass(frozen=True)
 class Tree:
@@ -117,7 +119,7 @@ def check_drafts(
             f"draft batch offsets {offsets[:8].tolist()}{'...' if b > 7 else ''} do not split {n} nodes "
             f"into {b} trees"
         )
-    tree_of = np.repeat(np.arange(b), sizes)
+    tree_of = tree_index(offsets)
     errors = _node_errors(
         tokens, parents, depth, offsets, tree_of, np.asarray(last_tokens, np.int64), vocab_size
     )

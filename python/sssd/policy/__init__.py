@@ -11,8 +11,9 @@ passes the engines it times, so nothing here imports the engine), and how busy t
 something was timed (``contention``: other processes' CPU time, this process's, the load average), which
 the programs that print a speed figure use to say when it is unreliable.
 
-Imports: numpy, ``sssd.checks`` and ``sssd.fileio`` (atomic profile files); torch only inside
-``profiling.machine_meta``. Never the engine, which imports this package.
+Imports: numpy, ``sssd.checks``, ``sssd.batch`` (the algebra of a flat batch of draft trees) and
+``sssd.fileio`` (atomic profile files); torch only inside ``profiling.machine_meta``. Never the engine,
+which imports this package.
 """
 
 from sssd.policy.cost_model import CostModel
