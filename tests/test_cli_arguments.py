@@ -37,7 +37,7 @@ BAD = [
     (["generate", "--prompt", "x", "--threads", "two"], "--threads: expected an integer >= 0, got 'two'"),
     (
         ["simulate", "--pairs", "p.jsonl", "--sources", "foo"],
-        "--sources: sources must be a comma list of input, datastore, recent; got 'foo'",
+        "--sources: sources must be a comma list of input, datastore, recent, recycled; got 'foo'",
     ),
     (["simulate", "--pairs", "p.jsonl", "--limit", "0"], "--limit: expected an integer >= 1, got '0'"),
     (

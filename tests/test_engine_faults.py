@@ -242,8 +242,6 @@ def test_a_drafter_serves_one_engine(refs):
     with pytest.raises(ValueError, match="another Engine"):
         Engine(tiny_model("llama"), drafter=drafter)
     del first
-    import gc
-
     gc.collect()
     Engine(tiny_model("llama"), drafter=drafter)  # the first engine is gone: the drafter is free
 
@@ -264,7 +262,7 @@ def test_a_long_run_keeps_bounded_state(refs):
             engine.generate(PROMPTS, max_new_tokens=24, eos_token_ids=())
             drafter.observed.clear()  # the test drafter's own logs
             drafter.budgets.clear()
-        gc.collect()  # garbage in reference cycles (the model's outputs) is not state that stays
+        gc.collect()  # what stays, not garbage a later collection frees
         base = tracemalloc.get_traced_memory()[0]
         steps = engine.stats.steps
         for _ in range(10):

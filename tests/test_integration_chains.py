@@ -190,5 +190,7 @@ def test_bad_datastore_and_drafter_options_fail_at_start(tmp_path):
         make_drafter(ProposerConfig(datastore=str(bad)), vocab_size=100)
     with pytest.raises(ValueError, match="drafter"):
         make_drafter(ProposerConfig(drafter={"max_dept": 3}), vocab_size=100)
+    with pytest.raises(ValueError, match="token ids only"):  # no top-k reaches a vLLM proposer
+        make_drafter(ProposerConfig(drafter={"use_recycled": True}), vocab_size=100)
     with pytest.raises(ValueError):
         ChainProposer(make_drafter(ProposerConfig(), 100), k=0, max_len=100)

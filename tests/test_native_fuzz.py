@@ -28,6 +28,7 @@ COVERED = {
     "Datastore": "test_native_fuzz_datastore",
     "search": "test_native_fuzz_datastore",
     "Drafter": "test_native_fuzz_datastore",
+    "expand_recycled": "test_native_fuzz_recycled",
     "DatastoreError": "(an exception type)",
     "UnknownRequestError": "(an exception type)",
     "linear_rows": "test_native_fuzz_kernels",

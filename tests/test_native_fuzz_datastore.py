@@ -162,6 +162,8 @@ PARAM_KEYS = {
     "min_f": reals(),
     "vocab_size": ints(-1, 20),
     "use_pool": st.one_of(st.booleans(), JUNK),
+    "use_recycled": st.one_of(st.booleans(), JUNK),
+    "recycle_k": ints(-1, 40),
     "bogus_key": st.just(1),
 }
 
@@ -198,8 +200,37 @@ def mutated(batch: dict, data: st.DataObject) -> dict:
     return out
 
 
+@st.composite
+def top_k_rows(draw: st.DrawFn) -> tuple:
+    """(tokens [n], top_ids [n, k], top_probs [n, k]) for Drafter.recycle: valid, or broken in one place."""
+    n, k = draw(st.integers(0, 5)), draw(st.integers(1, 4))
+    tokens = np.asarray(draw(st.lists(st.integers(0, 60), min_size=n, max_size=n)), np.int32)
+    ids = np.asarray(draw(st.lists(st.integers(0, 60), min_size=n * k, max_size=n * k)), np.int32).reshape(
+        n, k
+    )
+    probs = np.asarray(draw(st.lists(st.floats(0, 1), min_size=n * k, max_size=n * k)), np.float32).reshape(
+        n, k
+    )
+    rows = [tokens, ids, probs]
+    broken = draw(st.integers(-1, 2))
+    if broken >= 0:
+        choice = draw(st.integers(0, 4))
+        if choice == 0:
+            rows[broken] = draw(arrays())
+        elif choice == 1 and rows[broken].size:
+            bad = [np.nan, 7.5, -np.inf, -0.5] if broken == 2 else [-1, 2**31 - 1, 61, -(2**31)]
+            rows[broken].flat[0] = draw(st.sampled_from(bad))
+        elif choice == 2:
+            rows[broken] = rows[broken][:-1] if len(rows[broken]) else rows[broken]
+        elif choice == 3:
+            rows[broken] = np.asfortranarray(np.repeat(rows[broken], 2, axis=-1)[..., ::2])
+        else:
+            rows[broken] = rows[broken].astype(np.float64 if broken < 2 else np.int32)
+    return tuple(rows)
+
+
 OPS = st.sampled_from(
-    ["add", "add", "extend", "propose", "propose", "observe", "observe", "remove", "pool", "query"]
+    ["add", "add", "extend", "propose", "propose", "observe", "observe", "remove", "pool", "query", "recycle"]
 )
 
 
@@ -208,7 +239,7 @@ OPS = st.sampled_from(
 def test_drafter_methods(shards, ops, data):
     """Random operations with valid or malformed arguments; every call returns or raises cleanly, and
     observe() of a damaged batch leaves the drafter usable (the next extend and propose work)."""
-    d = _core.Drafter([shards["a"], shards["b"]], {"max_depth": 4, "vocab_size": 50})
+    d = _core.Drafter([shards["a"], shards["b"]], {"max_depth": 4, "vocab_size": 50, "use_recycled": True})
     ids = st.integers(0, 9).flatmap(lambda k: st.integers(-1, 60) if k == 0 else st.integers(0, 6))
     token_arrays = arrays(dtypes=(np.int32, np.int64, np.float32), valid=0.85, values=ids)
     rid = mostly(st.integers(0, 3), EDGE_INTS)
@@ -222,6 +253,8 @@ def test_drafter_methods(shards, ops, data):
             call(d.remove_request, data.draw(rid), data.draw(st.one_of(st.booleans(), JUNK)))
         elif op == "pool":
             call(d.add_to_pool, data.draw(token_arrays))
+        elif op == "recycle":
+            call(d.recycle, *data.draw(top_k_rows()))
         elif op == "query":
             call(d.has_request, data.draw(rid))
             call(d.context_length, data.draw(rid))

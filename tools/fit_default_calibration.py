@@ -1,10 +1,14 @@
 """Fits python/sssd/data/calibration_default.json from a teacher-forced replay of the dev pairs.
 
-Usage: OMP_NUM_THREADS=2 PYTHONPATH=python python3 tools/fit_default_calibration.py [--budget 64]
+Usage: OMP_NUM_THREADS=2 PYTHONPATH=python python3 tools/fit_default_calibration.py [--budget 64] [--recycled]
 Fits on the even-indexed dev pairs only (the odd-indexed ones stay held out for evaluation), datastore =
 smollm2_other_outputs (bench/corpora.py). Two rounds: observations from uncalibrated trees, then from
 trees drafted with the first fit (so the table also sees the nodes a calibrated drafter proposes); the
 second fit uses both.
+--recycled: fit only the rows of the recycled candidates (sources recycled and rescored) into the
+shipped table, the other rows kept as they are, replaying with the source on: the model's top-8 along
+the pairs comes from a teacher-forced forward of the bundled SmolLM2 in float32 (sssd.models.teacher,
+cached).
 Prints the expected calibration error (ECE) of raw and calibrated scores on the held-out pairs.
 """
 
@@ -17,13 +21,14 @@ from pathlib import Path
 
 import numpy as np
 import sssd
-from sssd.drafter.calibration import calibration_error, fit
+from sssd.drafter.calibration import SOURCES, CalibrationTable, calibration_error, default_table, fit
 from sssd.evaluation.pairs import load_pairs
 from sssd.evaluation.simulator import simulate
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import corpora
 
+RECYCLED_ROWS = slice(SOURCES.index("recycled"), len(SOURCES))
 OUT = Path(__file__).resolve().parent.parent / "python" / "sssd" / "data" / "calibration_default.json"
 PAIRS = (
     Path(os.environ.get("SSSD_DEV_DATA", Path(__file__).resolve().parents[1].parent / "shared" / "data"))
@@ -31,10 +36,12 @@ PAIRS = (
 )
 
 
-def collect(ds, pairs, budget: int, table) -> dict[str, np.ndarray]:
+def collect(ds, pairs, budget: int, table, top_k=None) -> dict[str, np.ndarray]:
     """Tested nodes (parent accepted) of a teacher-forced batch-1 replay: features and outcomes."""
-    cfg = sssd.DrafterConfig(calibration=table, online_calibration=False)
-    res = simulate(sssd.Drafter(ds, cfg), pairs, budget=budget, batch_size=1, collect_records=True)
+    cfg = sssd.DrafterConfig(calibration=table, online_calibration=False, use_recycled=top_k is not None)
+    res = simulate(
+        sssd.Drafter(ds, cfg), pairs, budget=budget, batch_size=1, collect_records=True, top_k=top_k
+    )
     f = res.records.features
     return {
         "source": f["source"],
@@ -46,27 +53,55 @@ def collect(ds, pairs, budget: int, table) -> dict[str, np.ndarray]:
     }
 
 
-def fit_from(obs: dict[str, np.ndarray]):
-    return fit(obs["source"], obs["depth"], obs["match_len"], obs["raw"], obs["accepted"])
+def fit_from(obs: dict[str, np.ndarray], keep=None):
+    """The fitted table; with ``keep`` (a table), only the recycled sources' rows are the fit's."""
+    table = fit(obs["source"], obs["depth"], obs["match_len"], obs["raw"], obs["accepted"])
+    if keep is None:
+        return table
+    values, weights = keep.values.copy(), keep.weights.copy()
+    values[RECYCLED_ROWS], weights[RECYCLED_ROWS] = table.values[RECYCLED_ROWS], table.weights[RECYCLED_ROWS]
+    return CalibrationTable(keep.depth_edges, keep.match_edges, keep.num_knots, values, weights)
+
+
+def teacher_top_k(pairs):
+    """The bundled SmolLM2's top-8 along every pair (float32), from the cache or one forward per pair."""
+    from sssd.evaluation.recycling import TeacherTopK
+    from sssd.models.loading import load_model, resolve_model
+    from sssd.models.local import cache_dir
+    from sssd.models.teacher import cache_key
+    from sssd.models.teacher import teacher_top_k as compute
+
+    seqs = [(p.prompt_ids, p.output_ids) for p in pairs]
+    path = cache_dir() / "teacher_topk" / f"{cache_key(resolve_model(None), 'float32', 8, seqs)}.npz"
+    model = None if path.is_file() else load_model(None, "float32")[0]
+    return TeacherTopK(*compute(model, seqs, 8, cache_file=path))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--budget", type=int, default=64)
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--recycled", action="store_true", help="fit the recycled sources' rows only")
     args = ap.parse_args()
     pairs = load_pairs(PAIRS)
     train, held_out = pairs[0::2], pairs[1::2]
     ds = sssd.Datastore.open(corpora.outputs_datastore())
-    first = collect(ds, train, args.budget, None)
-    table = fit_from(first)
-    second = collect(ds, train, args.budget, table)
+    keep = default_table() if args.recycled else None
+    top = teacher_top_k(pairs) if args.recycled else None
+    train_top, held_top = (
+        (None, None)
+        if top is None
+        else (top.take(range(0, len(pairs), 2)), top.take(range(1, len(pairs), 2)))
+    )
+    first = collect(ds, train, args.budget, keep, train_top)
+    table = fit_from(first, keep)
+    second = collect(ds, train, args.budget, table, train_top)
     both = {k: np.concatenate([first[k], second[k]]) for k in first}
-    table = fit_from(both)
+    table = fit_from(both, keep)
     table.save(args.out)
     print(f"fitted on {len(train)} pairs, {both['accepted'].size} observations -> {args.out}")
 
-    test = collect(ds, held_out, args.budget, table)
+    test = collect(ds, held_out, args.budget, table, held_top)
     raw_ece = calibration_error(test["raw"], test["accepted"])
     cal = table.apply(test["source"], test["depth"], test["match_len"], test["raw"])
     print(f"held-out ({len(held_out)} pairs, {test['accepted'].size} observations):")

@@ -43,8 +43,8 @@ class Replay:
         engine_module.verify_step = self._real
         self._real = None
 
-    def _verify(self, output, trees, reqs):
-        paths, bonus = self._real(output, trees, reqs)  # the real walk: its head calls and their time
+    def _verify(self, output, trees, reqs, top_k=None):
+        paths, bonus = self._real(output, trees, reqs, top_k)  # the real walk: its head calls and their time
         out_paths, out_bonus = [], []
         for (tree, _), req, path, token in zip(trees, reqs, paths, bonus, strict=True):
             ref = self.references.get(tuple(int(t) for t in req.prompt))

@@ -23,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+from sssd.fileio import write_text_atomic
 from sssd.integrations.vllm_demo import METHODS, demo_datastore, print_table, run_in_child, summarize
 from sssd.models.local import ensure_hf_model
 
@@ -64,9 +65,7 @@ def main() -> int:
           f"{args.max_tokens} new tokens, k={args.k}\n")  # fmt: skip
     print_table(rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"command": " ".join(sys.argv), "rows": rows}, indent=1))
-    tmp.replace(args.out)
+    write_text_atomic(args.out, json.dumps({"command": " ".join(sys.argv), "rows": rows}, indent=1))
     return 0
 
 

@@ -53,6 +53,14 @@ CATEGORIES = (
 )  # fmt: skip
 
 
+def timed(fn, profile: bool):
+    """Runs ``fn()``, under cProfile when ``profile``; returns its result, the split by category (None
+    without profiling) and the wall seconds."""
+    t0 = time.perf_counter()
+    out, split = profiled(fn) if profile else (fn(), None)
+    return out, split, time.perf_counter() - t0
+
+
 def profiled(fn):
     """Runs ``fn()`` under cProfile; returns its result and seconds by category (see CATEGORIES)."""
     import cProfile
@@ -87,13 +95,7 @@ def run_engine(job: dict) -> dict:
     engine.generate([job["prompts"][0]], max_new_tokens=8)  # warm-up, as for vLLM
     st0 = _engine_totals(engine.stats)
     run = lambda: engine.generate(job["prompts"], max_new_tokens=int(job["max_tokens"]))  # noqa: E731
-    split = None
-    t0 = time.perf_counter()
-    if job.get("profile"):
-        res, split = profiled(run)
-    else:
-        res = run()
-    wall = time.perf_counter() - t0
+    res, split, wall = timed(run, bool(job.get("profile")))
     st1 = _engine_totals(engine.stats)
     d = {k: st1[k] - st0[k] for k in st1}
     # the forward without its output head, like vLLM's _model_forward (its head is compute_logits)
@@ -178,13 +180,7 @@ def run_vllm(job: dict) -> dict:
     before = _spec_counters(llm)
     s0, n0 = dict(clock.s), clock.steps
     run = lambda: llm.generate(prompts, sp, use_tqdm=False)  # noqa: E731
-    split = None
-    t0 = time.perf_counter()
-    if job.get("profile"):
-        outs, split = profiled(run)
-    else:
-        outs = run()
-    wall = time.perf_counter() - t0
+    outs, split, wall = timed(run, bool(job.get("profile")))
     after = _spec_counters(llm)
     phases = {k: clock.s[k] - s0[k] for k in PHASES}
     phases["other"] = wall - sum(phases.values())
@@ -397,10 +393,10 @@ def main() -> int:
     print_table(rows)
     if args.profile:
         print_profile(rows)
+    from sssd.fileio import write_text_atomic
+
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"command": " ".join(sys.argv), "rows": rows}, indent=1))
-    tmp.replace(args.out)
+    write_text_atomic(args.out, json.dumps({"command": " ".join(sys.argv), "rows": rows}, indent=1))
     return 0
 
 

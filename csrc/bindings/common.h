@@ -130,5 +130,6 @@ inline sssd::ProgressFn progress_fn(py::object cb) {
 
 void bind_datastore(py::module_& m);
 void bind_drafter(py::module_& m);
+void bind_recycled(py::module_& m);  // recycled_bindings.cpp
 
 }  // namespace sssd_py

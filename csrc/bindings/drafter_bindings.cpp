@@ -11,6 +11,9 @@
 
 namespace sssd_py {
 
+// recycled_bindings.cpp: Drafter.recycle(tokens [n] int32, top_ids [n, k] int32, top_probs [n, k] float32).
+void drafter_recycle(sssd::Drafter& d, py::handle tokens, py::handle ids, py::handle probs, py::handle prev);
+
 namespace {
 
 template <class T>
@@ -63,6 +66,10 @@ sssd::DrafterParams drafter_params(const py::dict& d) {
   p.use_input = r.flag("use_input", p.use_input);
   p.use_datastore = r.flag("use_datastore", p.use_datastore);
   p.use_pool = r.flag("use_pool", p.use_pool);
+  p.use_recycled = r.flag("use_recycled", p.use_recycled);
+  p.recycle_k = r.i32("recycle_k", p.recycle_k);
+  p.recycle_from_every_node = r.flag("recycle_from_every_node", p.recycle_from_every_node);
+  p.recycle_pair_slots = r.i32("recycle_pair_slots", p.recycle_pair_slots);
   p.index_max_n = r.i32("index_max_n", p.index_max_n);
   p.input = match_params(r, "input_");
   p.pool = match_params(r, "pool_");
@@ -204,7 +211,7 @@ void bind_drafter(py::module_& m) {
         check_finite(rp, n, "raw");
         py::array_t<float> out(n);
         for (py::ssize_t i = 0; i < n; ++i) {
-          if (sp[i] < 0 || sp[i] >= sssd::kNumSources) throw py::value_error("source must be 0, 1 or 2");
+          if (sp[i] < 0 || sp[i] >= sssd::kNumSources) throw py::value_error("source must be in [0, 5)");
           out.mutable_data()[i] = c.apply(sp[i], dp[i], mp[i], rp[i]);
         }
         return out;
@@ -257,6 +264,9 @@ void bind_drafter(py::module_& m) {
         return d.context_length(id);
       })
       .def("pool_tokens", &sssd::Drafter::pool_tokens, py::call_guard<py::gil_scoped_release>())
+      .def("recycle", &drafter_recycle, py::arg("tokens"), py::arg("top_ids"), py::arg("top_probs"),
+           py::arg("prev") = py::none())
+      .def("recycled_rows", &sssd::Drafter::recycled_rows, py::call_guard<py::gil_scoped_release>())
       .def("propose", &propose)
       .def("observe", &observe)
       .def("calibration", &sssd::Drafter::calibration, py::call_guard<py::gil_scoped_release>())

@@ -42,6 +42,7 @@ PYBIND11_MODULE(_core, m) {
   });
   sssd_py::bind_datastore(m);
   sssd_py::bind_drafter(m);
+  sssd_py::bind_recycled(m);
   sssd_py::bind_tree_attention_emulation(m);
   sssd_py::bind_linear_rows(m);
   sssd_py::bind_tree_attention_cpu(m);

@@ -10,7 +10,24 @@
 
 namespace sssd {
 
-constexpr int32_t kNumSources = 3;  // 0 input, 1 datastore, 2 recent-outputs pool
+// Sources of draft nodes, each with its own calibration groups: 0 input, 1 datastore, 2 recent-outputs
+// pool (the retrieval sources, whose candidates come as tries); 3 recycled candidates (the verifier's own
+// top-k, core/recycled.h) and 4 a retrieval candidate rescored with them (from its retrieval p and its
+// rank among them). For 3 and 4 the match-length feature is recycled_match(rank, pair) (kAbsentRank + 1:
+// not among them).
+constexpr int32_t kNumTrieSources = 3;
+constexpr int32_t kRecycledSource = 3;
+constexpr int32_t kRescoredSource = 4;
+constexpr int32_t kAbsentRank = 63;
+constexpr int32_t kNumSources = 5;
+// The match-length feature of a recycled candidate of rank j (0: best): 1 + j in a token's row (ranks past
+// kPairRankBase - 1 share the last value), kPairRankBase + 1 + j in a (previous token, token) pair's row
+// (up to kPairRankBase ranks): with the default match buckets, the two kinds of rows fall in groups of
+// their own (a pair's row is the model's prediction after a longer context: it is right more often).
+constexpr int32_t kPairRankBase = 8;
+inline int32_t recycled_match(int32_t rank, bool pair) {
+  return pair ? kPairRankBase + 1 + std::min(rank, kPairRankBase - 1) : 1 + std::min(rank, kPairRankBase - 1);
+}
 
 class Calibration {
  public:

@@ -32,10 +32,16 @@ void CandidateTree::reset(int32_t root_token, int32_t max_nodes) {
   next_sibling[0] = -1;
 }
 
-void fuse(const CandidateTrie* const tries[kNumSources], const Calibration* cal, const FusionParams& params,
+void fuse(const CandidateTrie* const tries[kNumTrieSources], const Calibration* cal, const FusionParams& params,
           CandidateTree& out) {
-  int32_t root = -1, max_nodes = 1;
-  for (int32_t s = 0; s < kNumSources; ++s) {
+  fuse_merge(tries, cal, params, out);
+  fuse_finish(out);
+}
+
+void fuse_merge(const CandidateTrie* const tries[kNumTrieSources], const Calibration* cal,
+                const FusionParams& params, CandidateTree& out, int32_t extra_nodes) {
+  int32_t root = -1, max_nodes = 1 + std::max(extra_nodes, 0);
+  for (int32_t s = 0; s < kNumTrieSources; ++s) {
     if (tries[s] != nullptr && tries[s]->size() > 0) {
       root = tries[s]->tokens[0];
       max_nodes += tries[s]->size() - 1;  // every trie node adds at most one tree node
@@ -89,6 +95,9 @@ void fuse(const CandidateTrie* const tries[kNumSources], const Calibration* cal,
       out.source_mask[v] |= static_cast<uint8_t>(1u << s);
     }
   }
+}
+
+void fuse_finish(CandidateTree& out) {
   // Siblings whose p sum exceeds 1 are scaled down to sum 1 (impossible for a deterministic verifier,
   // which accepts at most one child); then f(v) = f(parent) * p(v). The sums are accumulated over the
   // nodes in decreasing index order, which is each child list's order (new_child prepends), so every

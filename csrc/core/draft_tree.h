@@ -40,11 +40,15 @@ struct CandidateTree {
   // Empties the tree to its root, with room for max_nodes nodes (root included) without reallocation.
   void reset(int32_t root_token, int32_t max_nodes);
   int32_t size() const { return n_; }
-  int32_t child(int32_t node, int32_t token) {  // finds or creates
+  int32_t find_child(int32_t node, int32_t token) const {  // -1: none
     for (int32_t c = first_child[node]; c >= 0; c = next_sibling[c]) {
       if (tokens[c] == token) return c;
     }
-    return new_child(node, token);
+    return -1;
+  }
+  int32_t child(int32_t node, int32_t token) {  // finds or creates
+    const int32_t c = find_child(node, token);
+    return c >= 0 ? c : new_child(node, token);
   }
   // Creates a child the caller knows is new. At most max_nodes (of reset) nodes may exist.
   int32_t new_child(int32_t node, int32_t token) {
@@ -75,9 +79,15 @@ struct SelectScratch {
   std::vector<unsigned __int128> key_heap;  // the same heap as (f, node) integer keys
 };
 
-// tries[s] may be null (source off). Calibration may be null (p_s = raw).
-void fuse(const CandidateTrie* const tries[kNumSources], const Calibration* cal, const FusionParams& params,
+// tries[s] may be null (source off). Calibration may be null (p_s = raw). fuse = fuse_merge + fuse_finish.
+void fuse(const CandidateTrie* const tries[kNumTrieSources], const Calibration* cal, const FusionParams& params,
           CandidateTree& out);
+// The sources' tries merged into `out` (root: the first non-empty trie's), with room for extra_nodes
+// more nodes: p(v) fused over the sources, f(v) a pruning estimate (the largest f(parent) * p_s(v)).
+void fuse_merge(const CandidateTrie* const tries[kNumTrieSources], const Calibration* cal,
+                const FusionParams& params, CandidateTree& out, int32_t extra_nodes = 0);
+// Siblings whose p sum exceeds 1 scaled down to sum 1, then f(v) = f(parent) * p(v) exactly.
+void fuse_finish(CandidateTree& out);
 
 // Best-first selection: the non-root nodes of a connected subtree containing the root, in the order a
 // greedy by f takes them (ties: lower index first), at most `cap` nodes, depth <= max_depth, at most

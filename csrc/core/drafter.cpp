@@ -32,6 +32,9 @@ void validate_drafter_params(const DrafterParams& p) {
   if (p.ds_max_depth < 0) throw std::invalid_argument("ds_max_depth must be >= 0");
   if (p.max_tree_nodes < 0) throw std::invalid_argument("max_tree_nodes must be >= 0");
   if (p.pool_max_tokens < 0) throw std::invalid_argument("pool_max_tokens must be >= 0");
+  if (p.recycle_k < 1 || p.recycle_k > kMaxRecycledK) {
+    throw std::invalid_argument("recycle_k must be in [1, " + std::to_string(kMaxRecycledK) + "]");
+  }
   if (p.threads < 0 || p.threads > kMaxThreads) {
     throw std::invalid_argument("threads must be in [0, " + std::to_string(kMaxThreads) + "]");
   }
@@ -40,7 +43,7 @@ void validate_drafter_params(const DrafterParams& p) {
 Drafter::Drafter(const DrafterParams& params, std::vector<DatastoreView> shards,
                  std::vector<std::shared_ptr<const void>> owners)
     : params_(params), shards_(std::move(shards)), owners_(std::move(owners)),
-      pool_(params.index_max_n, params.pool_max_tokens) {
+      pool_(params.index_max_n, params.pool_max_tokens), recycled_(params.recycle_k, params.vocab_size, params.use_recycled ? params.recycle_pair_slots : 0) {
   validate_drafter_params(params_);
   check_shards(shards_);
   params_.fusion.max_depth = params_.max_depth;
@@ -126,6 +129,30 @@ int64_t Drafter::pool_tokens() {
   std::lock_guard<std::mutex> lock(mutex_);
   return pool_.live_tokens();
 }
+void Drafter::recycle(const int32_t* tokens, int64_t n, const int32_t* ids, const float* probs, int32_t width,
+                      const int32_t* prev) {
+  if (n < 0 || width < 1) throw std::invalid_argument("recycle: n must be >= 0 and width >= 1");
+  check_tokens(tokens, n);
+  for (int64_t i = 0; prev != nullptr && i < n; ++i) {
+    if (prev[i] >= 0 && params_.vocab_size > 0 && static_cast<uint64_t>(prev[i]) >= params_.vocab_size) {
+      throw std::invalid_argument("recycle: previous token id " + std::to_string(prev[i]) + " at index " +
+                                  std::to_string(i) + " is outside the vocabulary");
+    }
+  }
+  check_tokens(ids, n * width);
+  for (int64_t i = 0; i < n * width; ++i) {
+    if (!(probs[i] >= 0.0f && probs[i] <= 1.0f)) {
+      throw std::invalid_argument("recycle: probabilities must lie in [0, 1], got " + std::to_string(probs[i]) +
+                                  " at index " + std::to_string(i));
+    }
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (params_.use_recycled) recycled_.update(tokens, n, ids, probs, width, prev);
+}
+int64_t Drafter::recycled_rows() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return recycled_.rows_recorded();
+}
 Calibration Drafter::calibration() {
   std::lock_guard<std::mutex> lock(mutex_);
   return cal_;
@@ -138,7 +165,7 @@ void Drafter::set_calibration(const Calibration& c) {
 void Drafter::draft_one(const Request& r, int32_t cap, Work& s, Draft& d) const {
   const std::vector<int32_t>& ctx = r.context(params_.use_input);
   const auto len = static_cast<int64_t>(ctx.size());
-  const CandidateTrie* tries[kNumSources] = {nullptr, nullptr, nullptr};
+  const CandidateTrie* tries[kNumTrieSources] = {nullptr, nullptr, nullptr};
   d.docs_used.clear();
   if (params_.use_input) {
     s.tries[0].reset(ctx.back());
@@ -161,7 +188,15 @@ void Drafter::draft_one(const Request& r, int32_t cap, Work& s, Draft& d) const 
     s.tries[0].reset(ctx.back());
     tries[0] = &s.tries[0];
   }
-  fuse(tries, params_.calibrated ? &cal_ : nullptr, params_.fusion, s.tree);
+  const Calibration* cal = params_.calibrated ? &cal_ : nullptr;
+  const bool recycle = params_.use_recycled && recycled_.rows_recorded() > 0;
+  fuse_merge(tries, cal, params_.fusion, s.tree, recycle ? cap : 0);
+  if (recycle) {
+    const RecycleParams rp{params_.max_depth, params_.fusion.min_f, cap, params_.recycle_from_every_node,
+                           len >= 2 ? ctx[static_cast<size_t>(len - 2)] : -1};
+    expand_recycled(recycled_, cal, rp, s.tree, s.recycle);
+  }
+  fuse_finish(s.tree);
   select_sequence(s.tree, cap, params_.max_depth, params_.max_width, s.seq, s.select);
   // Keep the root and the selected nodes (parents come first in the sequence).
   const CandidateTree& t = s.tree;

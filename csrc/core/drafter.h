@@ -15,6 +15,7 @@
 #include "core/draft_tree.h"
 #include "core/ngram_index.h"
 #include "core/recent_pool.h"
+#include "core/recycled.h"
 #include "core/search.h"
 
 namespace sssd {
@@ -27,6 +28,14 @@ class UnknownRequest : public std::out_of_range {
 
 struct DrafterParams {
   bool use_input = true, use_datastore = true, use_pool = true;
+  // The recycled candidates (core/recycled.h): recycle_k candidates per token, from every node of the
+  // fused tree (or below the root only, a subtree of their own).
+  bool use_recycled = false;
+  int32_t recycle_k = 8;
+  bool recycle_from_every_node = true;
+  // Rows kept per (previous token, token) pair besides the per-token rows: a direct-mapped table of this
+  // many slots (a power of two; 0: none).
+  int32_t recycle_pair_slots = 1 << 16;
   int32_t index_max_n = 4;   // n-gram lengths indexed for the input source and the pool
   MatchParams input, pool;
   SearchParams search;
@@ -82,6 +91,12 @@ class Drafter {
   int64_t num_requests();
   int64_t context_length(int64_t rid);
   int64_t pool_tokens();
+  // The model's top-k after each of n tokens (ids, probs: [n, width] row-major, best first; probs in
+  // [0, 1]) become those tokens' recycled candidates. Checked; a no-op when the source is off.
+  // prev (null: none): the token before each of them (< 0: unknown), for the pair rows.
+  void recycle(const int32_t* tokens, int64_t n, const int32_t* ids, const float* probs, int32_t width,
+               const int32_t* prev = nullptr);
+  int64_t recycled_rows();  // tokens with recycled candidates
 
   // budgets: [b] per-request caps when per_request, else budgets[0] is the global budget. tpot: [b]
   // targets (seconds per token, <= 0 / NaN: none) or null.
@@ -118,7 +133,8 @@ class Drafter {
   // Working buffers of one thread (tries, fused tree): reused request after request, so they stay in
   // the cache whatever the batch size.
   struct Work {
-    CandidateTrie tries[kNumSources];
+    CandidateTrie tries[kNumTrieSources];
+    RecycleScratch recycle;
     std::vector<Occurrence> occ;
     CandidateTree tree;
     SelectScratch select;
@@ -147,6 +163,7 @@ class Drafter {
   std::vector<std::shared_ptr<const void>> owners_;
   std::unordered_map<int64_t, Request> requests_;
   RecentPool pool_;
+  RecycledTable recycled_;
   Calibration cal_;
   std::vector<Work> work_;    // [threads]
   std::vector<Draft> drafts_;  // [batch]

@@ -16,8 +16,9 @@ import argparse
 import sys
 import time
 
+from sssd.cli import recycled as recycled_args
 from sssd.cli.argtypes import from_value_error, integer, real
-from sssd.evaluation.fitting import SOURCES, DrafterSpec, parse_sources
+from sssd.evaluation.fitting import DEFAULT_SOURCES, SOURCES, DrafterSpec, parse_sources
 
 NAME = "calibrate"
 # Below these the fit and its check rest on too few observations to mean much: the table has a monotone
@@ -35,8 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--sources",
         type=from_value_error(parse_sources),
-        default=SOURCES,
-        help="comma list of drafting sources (datastore is left out when no --datastore is given)",
+        default=DEFAULT_SOURCES,
+        help=f"comma list of drafting sources: {','.join(SOURCES)} (datastore is left out when no "
+        "--datastore is given; recycled needs the model's top-k along the pairs, see --model)",
     )
     p.add_argument(
         "--budget", type=integer(lo=1), default=64, help="draft nodes per request while collecting"
@@ -55,6 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="share of pairs held out for the check",
     )
     p.add_argument("--subsets", help="comma list of pair subsets to use (default: all)")
+    recycled_args.add_arguments(p)
 
 
 def _warn_if_little_data(fit_pairs: int, held_pairs: int, tested_nodes: float) -> None:
@@ -80,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
 
     sources = tuple(args.sources)
     if "datastore" in sources and args.datastore is None:
-        if args.sources is SOURCES:
+        if args.sources is DEFAULT_SOURCES:
             sources = tuple(s for s in sources if s != "datastore")
         else:
             raise ValueError("--sources includes datastore: give --datastore PATH")
@@ -94,13 +97,18 @@ def run(args: argparse.Namespace) -> int:
     if not held or not fit_on:
         raise ValueError(f"{len(pairs)} pairs are too few to hold {args.holdout:.0%} out")
     spec = DrafterSpec(sources=sources, datastore=args.datastore)
+    fit_top_k = held_top_k = None
+    if "recycled" in sources:  # the model's top-k along all pairs, then each part's rows
+        top_k = recycled_args.teacher_top_k(args, pairs)
+        where = {id(p): i for i, p in enumerate(pairs)}
+        fit_top_k, held_top_k = (top_k.take([where[id(p)] for p in part]) for part in (fit_on, held))
     print(
         f"pairs: {len(fit_on)} to fit, {len(held)} held out; sources {'+'.join(sources)}; "
         f"budget {args.budget}, batch {args.batch_size}"
     )
     t0 = time.perf_counter()
     table = fit_calibration(
-        spec, ds, fit_on, budget=args.budget, batch_size=args.batch_size, rounds=args.rounds
+        spec, ds, fit_on, budget=args.budget, batch_size=args.batch_size, rounds=args.rounds, top_k=fit_top_k
     )
     table.save(args.output)
     n_obs = float(table.weights.sum())
@@ -113,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
         ("shipped default", calibration.default_table()),
         ("fitted", table),
     ):
-        r = collect_records(spec, ds, held, budget=args.budget, batch_size=args.batch_size, table=tab)
+        r = collect_records(
+            spec, ds, held, budget=args.budget, batch_size=args.batch_size, table=tab, top_k=held_top_k
+        )
         print(f"| {name} | {calibration_error(r.records):.4f} | {len(r.records):,} | {r.mal:.3f} |")
     return 0

@@ -5,9 +5,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 
+from sssd.cli import recycled as recycled_args
 from sssd.cli.argtypes import from_value_error, integer, integer_list
-from sssd.evaluation.fitting import BASELINES, SOURCES, DrafterSpec, make_drafter, parse_sources
+from sssd.evaluation.fitting import (
+    BASELINES,
+    DEFAULT_SOURCES,
+    SOURCES,
+    DrafterSpec,
+    make_drafter,
+    parse_sources,
+)
 
 
 def open_datastore(path: str | None):
@@ -44,8 +53,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--sources",
         type=from_value_error(parse_sources),
-        default=SOURCES,
-        help=f"comma list of {','.join(SOURCES)}",
+        default=DEFAULT_SOURCES,
+        help=f"comma list of {','.join(SOURCES)} (recycled: the verifier's own top-k, see --model)",
+    )
+    p.add_argument(
+        "--recycled",
+        action="store_true",
+        help="also run the drafter with the recycled candidates (the model's top-k along the pairs, "
+        "from a cached teacher-forced forward of --model): rows without and with them",
     )
     p.add_argument(
         "--calibration",
@@ -64,14 +79,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--draft-top-k", type=integer(lo=1), default=4, help="model drafter: children per expanded node"
     )
+    recycled_args.add_arguments(p)
     p.add_argument("--details", action="store_true", help="also print acceptance per source and per depth")
     p.add_argument("--json", dest="json_out", help="write the results as JSON to this file")
 
 
 def _check(args: argparse.Namespace) -> None:
     if args.baseline is None and "datastore" in args.sources and args.datastore is None:
-        if args.sources is SOURCES:  # the default: quietly drop the datastore source
-            args.sources = tuple(s for s in SOURCES if s != "datastore")
+        if args.sources is DEFAULT_SOURCES:  # the default: quietly drop the datastore source
+            args.sources = tuple(s for s in DEFAULT_SOURCES if s != "datastore")
         else:
             raise ValueError("--sources includes datastore: give --datastore PATH")
 
@@ -86,9 +102,17 @@ def run(args: argparse.Namespace) -> int:
         args.pairs, subsets=args.subsets, vocab_size=ds.vocab_size if ds else None, limit=args.limit
     )
     specs = [DrafterSpec(args.baseline, tuple(args.sources), args.calibration, args.datastore, args.online)]
+    if args.recycled and args.baseline is None and "recycled" not in args.sources:
+        specs.append(replace(specs[0], sources=(*args.sources, "recycled")))
     if args.compare and args.baseline is None:
         specs.append(DrafterSpec(baseline=BASELINES[0]))
-    rows = [(spec.label(), lambda spec=spec: make_drafter(spec, ds), spec.online) for spec in specs]
+    top_k = None
+    if any("recycled" in spec.sources for spec in specs if spec.baseline is None):
+        top_k = recycled_args.teacher_top_k(args, pairs)
+    rows = [
+        (spec.label(), lambda spec=spec: make_drafter(spec, ds, recycle_k=args.recycle_k), spec.online)
+        for spec in specs
+    ]
     for _, factory, _ in rows:
         factory()  # fail early (before the table header) on a bad configuration
     if args.draft_model:
@@ -118,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
                 batch_size=args.batch_size,
                 allocation=args.allocation,
                 observe=online,
+                top_k=top_k,
             )
             cells = [label, str(budget), f"{r.mal:.3f}", *[f"{r.subset_mal(s):.3f}" for s in subsets]]
             cells += [

@@ -24,7 +24,10 @@ import numpy as np
 
 from sssd import _core
 
-SOURCES = ("input", "datastore", "pool")  # source ids 0, 1, 2 (DraftBatch.source)
+# source ids 0 .. 4 (DraftBatch.source): the retrieval sources, the recycled candidates (the verifier's own
+# top-k) and retrieval candidates rescored with them; for the last two the match length is 1 + the rank
+# among the recycled candidates (64: not among them)
+SOURCES = ("input", "datastore", "pool", "recycled", "rescored")
 DEFAULT_DEPTH_EDGES = (1, 2, 3, 4, 6, 9, 13)
 DEFAULT_MATCH_EDGES = (1, 2, 3, 5, 9, 17)
 DEFAULT_NUM_KNOTS = 11
@@ -91,7 +94,7 @@ class CalibrationTable:
         """Calibrated probabilities [n] float32 (the numpy twin of the native map)."""
         s = np.asarray(source, dtype=np.int64)
         if s.size and (s.min() < 0 or s.max() >= len(SOURCES)):
-            raise ValueError("source ids must be 0 (input), 1 (datastore) or 2 (pool)")
+            raise ValueError(f"source ids must be in [0, {len(SOURCES)}): {', '.join(SOURCES)}")
         d, m = self.buckets(depth, match_len)
         k_count = self.num_knots
         t = np.clip(np.asarray(raw, dtype=np.float32), 0, 1) * np.float32(k_count - 1)
@@ -143,18 +146,23 @@ class CalibrationTable:
             raise ValueError(
                 f"unsupported calibration table version {obj.get('version')!r} (this is {VERSION})"
             )
-        if tuple(obj.get("sources", ())) != SOURCES:
+        sources = tuple(obj.get("sources", ()))
+        if not sources or sources != SOURCES[: len(sources)]:
             raise ValueError(f"calibration table sources {obj.get('sources')} differ from {list(SOURCES)}")
         try:
-            return cls(
-                tuple(int(x) for x in obj["depth_edges"]),
-                tuple(int(x) for x in obj["match_edges"]),
-                int(obj["num_knots"]),
-                np.asarray(obj["values"], dtype=np.float32),
-                np.asarray(obj["weights"], dtype=np.float64),
-            )
+            depth_edges = tuple(int(x) for x in obj["depth_edges"])
+            match_edges = tuple(int(x) for x in obj["match_edges"])
+            num_knots = int(obj["num_knots"])
+            values = np.asarray(obj["values"], dtype=np.float32)
+            weights = np.asarray(obj["weights"], dtype=np.float64)
         except (KeyError, TypeError) as e:
             raise ValueError(f"malformed calibration table: {e}") from None
+        if len(sources) < len(SOURCES) and values.ndim == 4 and values.shape == weights.shape:
+            # a table from before the later sources: theirs start as the identity, with no weight
+            ident = cls.identity(depth_edges, match_edges, num_knots)
+            values = np.concatenate([values, ident.values[len(sources) :]])
+            weights = np.concatenate([weights, ident.weights[len(sources) :]])
+        return cls(depth_edges, match_edges, num_knots, values, weights)
 
     def save(self, path: PathLike) -> None:
         from sssd.fileio import write_text_atomic
@@ -208,7 +216,7 @@ def fit(
     if not (s.shape == y.shape == r.shape == np.shape(depth) == np.shape(match_len)) or s.ndim != 1:
         raise ValueError("source, depth, match_len, raw and accepted must be 1-D arrays of one length")
     if s.size and (s.min() < 0 or s.max() >= len(SOURCES)):
-        raise ValueError("source ids must be 0 (input), 1 (datastore) or 2 (pool)")
+        raise ValueError(f"source ids must be in [0, {len(SOURCES)}): {', '.join(SOURCES)}")
     if np.any((y != 0) & (y != 1)):
         raise ValueError("accepted must hold 0/1 outcomes")
     d, m = table.buckets(depth, match_len)

@@ -37,6 +37,14 @@ class DrafterConfig:
     use_input: bool = True  # the request's own prompt + output
     use_datastore: bool = True  # the suffix-array datastore (ignored when there is none)
     use_pool: bool = True  # recent outputs of finished requests
+    # the verifier's own top-k after each token, as the engine hands it over (``recycle``): candidates
+    # for any node of the tree, calibrated by depth and rank (docs/drafter.md, "Recycled candidates")
+    use_recycled: bool = False
+    recycle_k: int = 8  # candidates kept per token (the engine computes this top-k), in [1, 32]
+    recycle_from_every_node: bool = True  # False: below the root and recycled nodes only
+    # rows kept per (previous token, token) pair besides the per-token rows: slots of a direct-mapped
+    # table (a power of two, 0: none); each costs 9 + 8 * recycle_k bytes, allocated with use_recycled
+    recycle_pair_slots: int = 1 << 16
     max_depth: int = 16  # deepest draft node (also the continuation length read per occurrence)
     max_width: int = 0  # most nodes at one depth of a tree (0: no limit)
     max_tree_nodes: int = 127  # most non-root nodes of one tree (127: trees fit 128-bit ancestor masks)
@@ -79,6 +87,11 @@ class DrafterConfig:
             raise ValueError(f"max_depth must be in [1, 64], got {self.max_depth}")
         if self.max_width < 0 or self.max_tree_nodes < 0 or self.pool_max_tokens < 0 or self.vocab_size < 0:
             raise ValueError("max_width, max_tree_nodes, pool_max_tokens and vocab_size must be >= 0")
+        if not 1 <= self.recycle_k <= 32:
+            raise ValueError(f"recycle_k must be in [1, 32], got {self.recycle_k}")
+        slots = self.recycle_pair_slots
+        if not 0 <= slots <= 1 << 24 or slots & (slots - 1):
+            raise ValueError(f"recycle_pair_slots must be 0 or a power of two <= 2^24, got {slots}")
         if not 0 <= self.threads <= 1024:
             raise ValueError(f"threads must be in [0, 1024] (0: OpenMP's default), got {self.threads}")
         if not (self.step_time > 0 and self.slo_slack >= 0):
@@ -117,10 +130,10 @@ class DraftBatch:
     rank: np.ndarray  # [N] int32 position in the batch-wide selection order; -1 for roots
     gain: np.ndarray  # [M + 1] float64: gain[k] = sum of f over nodes with rank < k
     acc_prob: np.ndarray  # [N] float32 f(v) = product of probs from the root
-    source: np.ndarray  # [N] int8 winning source (0 input, 1 datastore, 2 pool); -1 for roots
+    source: np.ndarray  # [N] int8 winning source (0 input, 1 datastore, 2 pool, 3 recycled); -1 for roots
     source_mask: np.ndarray  # [N] uint8 bit s set: source s proposed the node
-    match_len: np.ndarray  # [N] int32 match length of the winning source's suffix match
-    raw_score: np.ndarray  # [N] float32 the winning source's raw estimate (before calibration)
+    match_len: np.ndarray  # [N] int32 match length of the winning source's suffix match (recycled: 1 + rank)
+    raw_score: np.ndarray  # [N] float32 the winning source's raw estimate (recycled: the model's probability)
     context_len: np.ndarray  # [B] int64 context length of each request at propose time
     request_ids: np.ndarray  # [B] int64
 
@@ -296,6 +309,30 @@ class Drafter:
     @property
     def pool_tokens(self) -> int:
         return int(self._native.pool_tokens())
+
+    # ---- recycled candidates ----
+    @property
+    def recycle_k(self) -> int:
+        """The top-k the engine should hand to ``recycle`` after each verification (0: none wanted)."""
+        return self.config.recycle_k if self.config.use_recycled else 0
+
+    def recycle(
+        self,
+        tokens: np.ndarray,
+        top_ids: np.ndarray,
+        top_probs: np.ndarray,
+        prev: np.ndarray | None = None,
+    ) -> None:
+        """The model's top-k after reading each of ``tokens`` ([n] int32; ``top_ids`` [n, k] int32 and
+        ``top_probs`` [n, k] float32 in [0, 1], best first) become their recycled candidates (a later row
+        of the same token wins). ``prev`` ([n] int32, -1: unknown): the token read before each, for the
+        rows kept per (previous token, token) pair. A no-op unless ``use_recycled``."""
+        self._native.recycle(tokens, top_ids, top_probs, prev)
+
+    @property
+    def recycled_rows(self) -> int:
+        """Tokens with recycled candidates."""
+        return int(self._native.recycled_rows())
 
     # ---- drafting ----
     def propose(

@@ -56,6 +56,7 @@ from sssd.engine.detokenize import DecodeError
 from sssd.engine.lifecycle import RequestsMixin, view_of
 from sssd.engine.policy_guard import PolicyGuard
 from sssd.engine.recovery import DrafterGuard
+from sssd.engine.recycle import TopKRecorder
 from sssd.engine.requests import GenerationResult, Request, StreamEvent
 from sssd.engine.runs import RunsMixin
 from sssd.engine.sampling import eos_defaults
@@ -229,9 +230,12 @@ class Engine(RequestsMixin, RunsMixin):
         output = self.adapter.forward_trees(trees)
         self.adapter.synchronize()  # GPU: the forward's time, not its launch time (verify waits anyway)
         t2 = time.perf_counter()
-        paths, next_tokens = verify_step(output, drafts.trees, reqs)
+        top_k = TopKRecorder.for_drafter(self.drafter) if self._guard is not None else None
+        paths, next_tokens = verify_step(output, drafts.trees, reqs, top_k)
         self.adapter.commit(paths)
         events = self._advance(reqs, drafts, paths, next_tokens)
+        if top_k is not None:  # the verifier's own top-k, recycled (sssd.engine.recycle)
+            self._guard.recycle(top_k)
         events = final_events + self._retire(events)
         t3 = time.perf_counter()
         compiling, head_s = self._compile_time(), output.head_s  # compilation is not the step's time

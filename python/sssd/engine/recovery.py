@@ -123,6 +123,13 @@ class DrafterGuard:
             self.failed("propose", e, reqs)
             return None
 
+    def recycle(self, top_k: Any) -> None:
+        """The step's top-k rows (a ``TopKRecorder``) to the drafter's recycled candidates."""
+        try:
+            self.drafter.recycle(*top_k.arrays())
+        except Exception as e:  # a lost update of a cache: nothing to rebuild
+            self.failed("recycle", e)
+
     def observe(self, rids: list[int], batch: Any, accepted: list[int]) -> None:
         if not hasattr(self.drafter, "observe"):
             return

@@ -31,6 +31,18 @@ class _Walk:
         self.kids = children_lists(tree.parents) if self.draft_probs is not None else None
         self.index = child_index(tree.tokens, tree.parents) if len(tree.tokens) > 1 else {}
 
+    def token_before(self) -> int:
+        """The token before the current node's: its parent's, or for the root the request's token
+        before its last (-1: none)."""
+        if self.node > 0:
+            return int(self.tree.tokens[self.tree.parents[self.node]])
+        out, prompt = self.req.output, self.req.prompt
+        if len(out) >= 2:
+            return int(out[-2])
+        if out:
+            return int(prompt[-1])
+        return int(prompt[-2]) if len(prompt) >= 2 else -1
+
     def decide(self, logits_row: Any, argmax: int | None) -> bool:
         """Consume the LLM's output at the current node; True while the walk goes on."""
         p = self.req.params
@@ -54,11 +66,12 @@ class _Walk:
 
 
 def verify_step(
-    output: Any, trees: list[tuple[Any, np.ndarray]], reqs: list[Any]
+    output: Any, trees: list[tuple[Any, np.ndarray]], reqs: list[Any], top_k: Any = None
 ) -> tuple[list[np.ndarray], list[int]]:
     """output: the forward's ``StepOutput`` (rows packed in tree order); trees: ``(Tree, kept batch
     indices)`` per request, checked by ``sssd.engine.trees.check_drafts`` (a ``DraftTree`` with ``q``
-    is verified by SpecInfer when its request samples).
+    is verified by SpecInfer when its request samples); top_k: a ``sssd.engine.recycle.TopKRecorder``
+    that keeps the top-k of every row read (None: none kept).
 
     Returns the accepted path (root first) and the bonus token of every request.
     """
@@ -77,7 +90,12 @@ def verify_step(
                 output.prefetch(below)
                 fetched = True
         logits = output.logits(rows)  # [k, V]
-        argmax = logits.argmax(dim=-1).tolist() if any(walks[i].req.params.greedy for i in active) else None
+        greedy = any(walks[i].req.params.greedy for i in active)
+        if top_k is not None:  # the argmax comes with the top-k where the largest logit is unique
+            read = [int(walks[i].tree.tokens[walks[i].node]) for i in active]
+            argmax = top_k.add(read, [walks[i].token_before() for i in active], logits, greedy)
+        else:
+            argmax = logits.argmax(dim=-1).tolist() if greedy else None
         active = [
             i
             for j, i in enumerate(active)

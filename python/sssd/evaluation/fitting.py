@@ -17,7 +17,10 @@ from sssd.evaluation.pairs import Pair, split_pairs
 from sssd.evaluation.simulator import NodeRecords, SimulationResult, merge_results, simulate
 
 BASELINES = ("prompt-lookup",)
-SOURCES = ("input", "datastore", "recent")  # "recent" = the drafter's recent-outputs pool
+# "recent" = the drafter's recent-outputs pool; "recycled" = the verifier's own top-k (a replay needs the
+# model's top-k along the pairs: sssd.evaluation.recycling.TeacherTopK)
+SOURCES = ("input", "datastore", "recent", "recycled")
+DEFAULT_SOURCES = SOURCES[:3]
 _SOURCE_ALIASES = {"pool": "recent"}
 
 
@@ -26,7 +29,7 @@ class DrafterSpec:
     """What to build: a baseline by name, or the sssd drafter with some sources and a calibration."""
 
     baseline: str | None = None  # None: sssd.Drafter
-    sources: tuple[str, ...] = SOURCES
+    sources: tuple[str, ...] = DEFAULT_SOURCES
     calibration: str | None = None  # JSON table path, "none" (identity), or None (shipped default)
     datastore: str | None = None  # path, for labels only (the opened Datastore is passed separately)
     online: bool = False  # online calibration updates (drafter.observe) in the simulation
@@ -58,8 +61,9 @@ def load_table(spec_calibration: str | None) -> Any:
     return calibration.CalibrationTable.load(spec_calibration)
 
 
-def make_drafter(spec: DrafterSpec, datastore: Any = None, table: Any = None) -> Any:
-    """A fresh drafter (no requests, empty recent pool). ``table`` overrides ``spec.calibration``."""
+def make_drafter(spec: DrafterSpec, datastore: Any = None, table: Any = None, recycle_k: int = 8) -> Any:
+    """A fresh drafter (no requests, empty recent pool). ``table`` overrides ``spec.calibration``;
+    ``recycle_k``: recycled candidates per token (with the recycled source)."""
     if spec.baseline == "prompt-lookup":
         from sssd.evaluation.baselines import PromptLookupDrafter
 
@@ -74,6 +78,8 @@ def make_drafter(spec: DrafterSpec, datastore: Any = None, table: Any = None) ->
         use_input="input" in spec.sources,
         use_datastore="datastore" in spec.sources,
         use_pool="recent" in spec.sources,
+        use_recycled="recycled" in spec.sources,
+        recycle_k=recycle_k,
         calibration=table if table is not None else load_table(spec.calibration),
         online_calibration=spec.online,
     )
@@ -97,10 +103,13 @@ def collect_records(
     budget: int,
     batch_size: int,
     table: Any = None,
+    top_k: Any = None,
 ) -> SimulationResult:
-    """Simulate with records kept (online updates off, so the records reflect one fixed table)."""
-    drafter = make_drafter(replace(spec, online=False), datastore, table)
-    return simulate(drafter, pairs, budget=budget, batch_size=batch_size, collect_records=True)
+    """Simulate with records kept (online updates off, so the records reflect one fixed table). top_k:
+    the model's top-k along the pairs, for the recycled source (``simulate``)."""
+    k = top_k.k if top_k is not None else 8
+    drafter = make_drafter(replace(spec, online=False), datastore, table, recycle_k=k)
+    return simulate(drafter, pairs, budget=budget, batch_size=batch_size, collect_records=True, top_k=top_k)
 
 
 def fit_calibration(
@@ -111,6 +120,7 @@ def fit_calibration(
     budget: int = 64,
     batch_size: int = 16,
     rounds: int = 2,
+    top_k: Any = None,
 ) -> Any:
     """A table fitted on ``pairs``. Round 1 replays them with the identity table (raw scores, so every
     group's raw -> acceptance relation is seen unbent) and fits the monotone maps to the tested nodes;
@@ -125,7 +135,9 @@ def fit_calibration(
     table = calibration.CalibrationTable.identity()
     observed: list[tuple[np.ndarray, ...]] = []
     for _ in range(rounds):
-        r = collect_records(spec, datastore, pairs, budget=budget, batch_size=batch_size, table=table)
+        r = collect_records(
+            spec, datastore, pairs, budget=budget, batch_size=batch_size, table=table, top_k=top_k
+        )
         observed.append(records_arrays(r.records))
         table = calibration.fit(*(np.concatenate(cols) for cols in zip(*observed, strict=True)))
     return table

@@ -238,6 +238,7 @@ def simulate(
     observe: bool = False,
     collect_records: bool = False,
     progress: Callable[[int, int], None] | None = None,
+    top_k: Any = None,
 ) -> SimulationResult:
     """Replay ``pairs`` through ``drafter`` (the Drafter API) and measure it.
 
@@ -246,6 +247,9 @@ def simulate(
     (same total). observe: call ``drafter.observe`` after every step (online calibration).
     collect_records: keep every tested node's features and outcome (``result.records``).
     progress(done_pairs, total_pairs) is called after each step. Request ids are the pair indexes.
+    top_k: the model's top-k along the pairs (``sssd.evaluation.recycling.TeacherTopK``): after each step
+    the drafter's ``recycle`` gets the rows the engine's verification would have read (its time counts
+    as drafting time).
     """
     if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or budget < 0:
         raise ValueError(f"budget must be an int >= 0, got {budget!r}")
@@ -255,6 +259,7 @@ def simulate(
         raise ValueError(f"allocation must be one of {ALLOCATIONS}, got {allocation!r}")
     pairs = list(pairs)
     replay = _Replay(pairs)
+    recycled = top_k.bind(pairs) if top_k is not None and hasattr(drafter, "recycle") else None
     stats = _Stats()
     decode = _source_names(drafter)
     subset_steps: dict[str, list[int]] = {}
@@ -300,6 +305,10 @@ def simulate(
                 finished.append(r)
         if observe:  # after extend (the drafter reads the accepted tokens from the context)
             drafter.observe(rids, batch, out.accepted)
+        if recycled is not None:
+            t0 = time.perf_counter()
+            drafter.recycle(*recycled.step_rows(np.asarray(rids, dtype=np.int64), ipos, out.advance))
+            propose_s += time.perf_counter() - t0
         for r in finished:
             drafter.remove_request(r)
             active.remove(r)

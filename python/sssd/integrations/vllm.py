@@ -98,6 +98,11 @@ def make_drafter(cfg: ProposerConfig, vocab_size: int, tokenizer: Any = None) ->
         drafter_config = DrafterConfig(**dcfg)
     except TypeError as e:
         raise ValueError(f"{ENV}: bad 'drafter' options: {e}") from e
+    if drafter_config.use_recycled:
+        raise ValueError(
+            f"{ENV}: 'use_recycled' needs the target model's top-k at every verified position, and vLLM "
+            "hands a custom proposer token ids only (its logits stay in the rejection sampler); remove it"
+        )
     ds = None
     if cfg.datastore:
         path = Path(cfg.datastore).expanduser()

@@ -1,0 +1,218 @@
+"""The recycled candidates (the verifier's own top-k, DrafterConfig.use_recycled) against the same drafter
+without them, side by side in one run.
+
+    OMP_NUM_THREADS=1 PYTHONPATH=python:. python3 bench/drafter/bench_recycled.py [--parts a,b,c]
+
+(a) MAL, teacher-forced: the dev pairs replayed at batch 1 in file order with online calibration (as
+    tools/drafter_sanity.py), datastore = smollm2_other_outputs or none, budgets 16 and 64; all 244 pairs
+    and the odd-indexed half (the shipped table's recycled rows are fitted on the even half). The model's
+    top-8 along the pairs: SmolLM2 float32, teacher-forced, cached (sssd.models.teacher). µs/req: propose
+    + recycle per request per step, as measured in the replay.
+(b) Drafting time: propose µs per request on the same contexts (prompt + 200 output tokens of the dev
+    pairs, the pool holding 100 outputs), the recycled table warmed with every dev pair's top-k, rounds
+    alternating the order; median wall and CPU; recycle() µs per step; torch.topk against the argmax that
+    verification computes anyway, on [rows, 49152] logits.
+(c) End to end: SmolLM2-135M-Instruct, the bundled prompts (every kind) and --dev development prompts,
+    float32 and bfloat16, batch 1 and 4, greedy, the adaptive policy (cap --budget): plain decoding, the
+    drafter, the drafter + recycled candidates, taking turns prompt by prompt (batch 4: four prompts at a
+    time); tokens/s and MAL per prompt kind, identical-to-plain counts.
+Speed on a shared machine moves with its load (printed): compare the columns of one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import sssd
+from sssd.evaluation.pairs import load_pairs
+from sssd.evaluation.simulator import simulate
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the shared helpers (corpora)
+import corpora
+
+PAIRS = corpora.DEV_DATA / "smollm2_dev_pairs.jsonl"
+
+
+def load() -> str:
+    return "load average " + " ".join(os.getloadavg().__repr__().strip("()").split(", ")[:3])
+
+
+def teacher(pairs, k: int = 8):
+    from sssd.evaluation.recycling import TeacherTopK
+    from sssd.models.loading import load_model, resolve_model
+    from sssd.models.local import cache_dir
+    from sssd.models.teacher import cache_key, teacher_top_k
+
+    seqs = [(p.prompt_ids, p.output_ids) for p in pairs]
+    path = cache_dir() / "teacher_topk" / f"{cache_key(resolve_model(None), 'float32', k, seqs)}.npz"
+    model = None if path.is_file() else load_model(None, "float32")[0]
+    return TeacherTopK(*teacher_top_k(model, seqs, k, cache_file=path))
+
+
+def part_a(ds) -> None:
+    pairs = load_pairs(PAIRS)
+    top = teacher(pairs)
+    print(f"\n(a) MAL, teacher-forced, batch 1, online calibration ({load()})\n")
+    print("| pairs | datastore | budget | MAL | MAL +recycled | ratio | µs/req | µs/req +recycled | ratio |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, idx in (("all 244", range(len(pairs))), ("odd 122 (held out)", range(1, len(pairs), 2))):
+        sub, sub_top = [pairs[i] for i in idx], top.take(list(idx))
+        for store in (ds, None):
+            for budget in (16, 64):
+                r = [replay(sub, sub_top, store, budget, rec) for rec in (False, True)]
+                us = [x.us_per_request_step for x in r]
+                cells = [name, "yes" if store else "no", budget, f"{r[0].mal:.3f}", f"{r[1].mal:.3f}"]
+                cells += [
+                    f"{r[1].mal / r[0].mal:.3f}",
+                    f"{us[0]:.1f}",
+                    f"{us[1]:.1f}",
+                    f"{us[1] / us[0]:.2f}",
+                ]
+                row(cells)
+
+
+def replay(pairs, top, store, budget: int, recycled: bool):
+    drafter = sssd.Drafter(store, sssd.DrafterConfig(use_recycled=recycled))
+    top = top if recycled else None
+    return simulate(drafter, pairs, budget=budget, batch_size=1, observe=True, top_k=top)
+
+
+def row(cells) -> None:
+    print("| " + " | ".join(map(str, cells)) + " |", flush=True)
+
+
+def _drafters(ds, pairs, top, batch: int):
+    out = []
+    for rec in (False, True):
+        d = sssd.Drafter(ds, sssd.DrafterConfig(use_recycled=rec, vocab_size=corpora.VOCAB))
+        for p in pairs[-100:]:
+            d.add_to_pool(p.output_ids)
+        if rec:
+            read = [np.concatenate([p.prompt_ids[-1:], p.output_ids[:-1]]) for p in pairs]
+            prev = [np.concatenate([p.prompt_ids[-2:-1], r[:-1]]) for p, r in zip(pairs, read, strict=True)]
+            d.recycle(
+                np.concatenate(read).astype(np.int32),
+                top.ids,
+                top.probs,
+                np.concatenate(prev).astype(np.int32),
+            )
+        for r in range(batch):
+            p = pairs[r % len(pairs)]
+            d.add_request(r, np.concatenate([p.prompt_ids, p.output_ids[:200]]))
+        out.append(d)
+    return out
+
+
+def part_b(ds, rounds: int) -> None:
+    import torch
+
+    pairs = load_pairs(PAIRS)
+    top = teacher(pairs)
+    print(f"\n(b) propose µs per request, median of {rounds} rounds, order alternating ({load()})\n")
+    print("| batch | budget | µs wall | µs wall +recycled | ratio | µs CPU | µs CPU +recycled | ratio |")
+    print("|---|---|---|---|---|---|---|---|")
+    for batch in (1, 4, 16):
+        drafters = _drafters(ds, pairs, top, batch)
+        for budget in (16, 64):
+            wall, cpu = ([], []), ([], [])
+            reps = max(20, 400 // batch)
+            for rnd in range(rounds):
+                for arm in (0, 1) if rnd % 2 == 0 else (1, 0):
+                    d = drafters[arm]
+                    d.propose(list(range(batch)), [budget] * batch)
+                    w0, c0 = time.perf_counter(), time.process_time()
+                    for _ in range(reps):
+                        d.propose(list(range(batch)), [budget] * batch)
+                    wall[arm].append((time.perf_counter() - w0) / reps / batch * 1e6)
+                    cpu[arm].append((time.process_time() - c0) / reps / batch * 1e6)
+            w = [statistics.median(x) for x in wall]
+            c = [statistics.median(x) for x in cpu]
+            ratios = [f"{w[1] / w[0]:.2f}", f"{c[1] / c[0]:.2f}"]
+            row(
+                [
+                    batch,
+                    budget,
+                    f"{w[0]:.1f}",
+                    f"{w[1]:.1f}",
+                    ratios[0],
+                    f"{c[0]:.1f}",
+                    f"{c[1]:.1f}",
+                    ratios[1],
+                ]
+            )
+    d = _drafters(ds, pairs, top, 1)[1]
+    for rows in (4, 16):
+        args = (top.ids[:rows, 0].copy(), top.ids[:rows].copy(), top.probs[:rows].copy())
+        t0 = time.perf_counter()
+        for _ in range(200):
+            d.recycle(*args)
+        print(f"\nrecycle() of {rows} rows: {(time.perf_counter() - t0) / 200 * 1e6:.1f} µs per call")
+    torch.set_num_threads(1)
+    print("\n| logits dtype | rows | argmax µs | topk(8) µs | topk + softmax(8) µs |\n|---|---|---|---|---|")
+    for dt in (torch.float32, torch.bfloat16):
+        for rows in (1, 4, 16):
+            x = torch.randn(rows, corpora.VOCAB).to(dt)
+            us = []
+            for fn in (argmax, top8, top8_softmax):
+                fn(x)
+                t0 = time.perf_counter()
+                for _ in range(300):
+                    fn(x)
+                us.append((time.perf_counter() - t0) / 300 * 1e6)
+            print(f"| {str(dt)[6:]} | {rows} | {us[0]:.1f} | {us[1]:.1f} | {us[2]:.1f} |")
+
+
+def argmax(x):
+    return x.argmax(-1)
+
+
+def top8(x):
+    import torch
+
+    return torch.topk(x, 8, -1)
+
+
+def top8_softmax(x):
+    import torch
+
+    return torch.softmax(torch.topk(x, 8, -1).values.float(), -1)
+
+
+def part_c(args) -> None:
+    from bench_recycled_engine import run_engine
+
+    run_engine(args)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--parts", default="a,b,c")
+    ap.add_argument("--rounds", type=int, default=5, help="(b) timing rounds")
+    ap.add_argument("--new", type=int, default=64, help="(c) new tokens per prompt")
+    ap.add_argument("--dev", type=int, default=4, help="(c) development prompts besides the bundled ones")
+    ap.add_argument(
+        "--prompts", type=int, help="(c) the first N bundled prompts, kinds in turn (default: all 12)"
+    )
+    ap.add_argument("--budget", type=int, default=32, help="(c) the adaptive policy's largest budget")
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--batches", default="1,4")
+    ap.add_argument("--threads", type=int, default=1, help="(c) torch threads")
+    args = ap.parse_args()
+    ds = sssd.Datastore.open(corpora.outputs_datastore())
+    parts = args.parts.split(",")
+    if "a" in parts:
+        part_a(ds)
+    if "b" in parts:
+        part_b(ds, args.rounds)
+    if "c" in parts:
+        part_c(args)
+
+
+if __name__ == "__main__":
+    main()

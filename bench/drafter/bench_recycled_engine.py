@@ -1,0 +1,121 @@
+"""Part (c) of bench_recycled.py: the engine end to end with and without the recycled candidates."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import corpora
+import sssd
+
+ARMS = ("plain", "sssd", "sssd+recycled")
+
+
+def _prompts(tok, n_dev: int, n_bundled: int | None = None) -> list[tuple[str, str, list[int]]]:
+    """(kind, id, prompt ids): the bundled prompts (all, or the first n_bundled with the kinds in turn),
+    then n_dev development prompts."""
+    from sssd.cli.demo import bundled_items
+    from sssd.models.loading import chat_ids
+
+    out = [(it["kind"], it["id"], chat_ids(tok, it["text"])) for it in bundled_items(n_bundled)]
+    out += [(f"dev-{r['subset']}", r["id"], list(r["prompt_ids"])) for r in corpora.dev_rows(n_dev)]
+    return out
+
+
+def _engines(model, tok, ds, batch: int, budget: int) -> dict:
+    v = corpora.VOCAB
+    out = {}
+    for arm in ARMS:
+        drafter = (
+            None
+            if arm == "plain"
+            else sssd.Drafter(ds, sssd.DrafterConfig(use_recycled="recycled" in arm, vocab_size=v))
+        )
+        cfg = sssd.EngineConfig(budget=0 if drafter is None else budget, max_batch_size=batch,
+                                budget_mode="fixed" if drafter is None else "adaptive")  # fmt: skip
+        out[arm] = sssd.Engine(model, tok, drafter=drafter, config=cfg)
+    return out
+
+
+def _run(engines, prompts, batch: int, new: int) -> dict:
+    """Per arm: seconds, tokens, per prompt (tokens, steps); the arms take turns chunk by chunk."""
+    got = {arm: {"s": 0.0, "out": {}} for arm in ARMS}
+    chunks = [prompts[i : i + batch] for i in range(0, len(prompts), batch)]
+    for c, chunk in enumerate(chunks):
+        for j in range(len(ARMS)):
+            arm = ARMS[(c + j) % len(ARMS)]
+            t0 = time.perf_counter()
+            res = engines[arm].generate([p[2] for p in chunk], max_new_tokens=new)
+            got[arm]["s"] += time.perf_counter() - t0
+            secs = (time.perf_counter() - t0) / len(chunk)  # per prompt: exact at batch 1
+            for p, r in zip(chunk, res, strict=True):
+                got[arm]["out"][p[1]] = (r.tokens, r.stats.steps, secs)
+    return got
+
+
+def _table(prompts, got, dtype: str, batch: int) -> None:
+    kinds = list(dict.fromkeys(p[0] for p in prompts))
+    plain = got["plain"]["out"]
+    print(f"\n{dtype}, batch {batch} ({_load()}): tokens/s over all prompts, MAL per kind")
+    print(
+        "| arm | tokens/s | vs plain | MAL | "
+        + " | ".join(f"MAL {k}" for k in kinds)
+        + " | identical to plain |"
+    )
+    print("|---|---|---|---|" + "---|" * len(kinds) + "---|")
+    base = None
+    for arm in ARMS:
+        out = got[arm]["out"]
+        tokens = sum(len(v[0]) for v in out.values())
+        rate = tokens / got[arm]["s"]
+        base = base or rate
+        steps = sum(v[1] for v in out.values())
+        per_kind = []
+        for k in kinds:
+            ids = [p[1] for p in prompts if p[0] == k]
+            per_kind.append(sum(len(out[i][0]) for i in ids) / max(1, sum(out[i][1] for i in ids)))
+        same = sum(out[i][0] == plain[i][0] for i in out)
+        print(f"| {arm} | {rate:.2f} | {rate / base:.2f} | {tokens / max(steps, 1):.3f} | "
+              + " | ".join(f"{m:.3f}" for m in per_kind) + f" | {same}/{len(out)} |")  # fmt: skip
+    if batch == 1:
+        _rates(prompts, kinds, got)
+    chat = [p[1] for p in prompts if p[0] == "chat"][:1]
+    if chat:
+        mals = [
+            f"{arm} {len(got[arm]['out'][chat[0]][0]) / max(1, got[arm]['out'][chat[0]][1]):.3f}"
+            for arm in ARMS
+        ]
+        print(f"\nthe first chat prompt ({chat[0]}), MAL: " + ", ".join(mals))
+
+
+def _rates(prompts, kinds, got) -> None:
+    """Tokens/s per prompt kind (batch 1: each prompt timed on its own)."""
+    print("\n| arm | " + " | ".join(f"tokens/s {k}" for k in kinds) + " |\n|---|" + "---|" * len(kinds))
+    for arm in ARMS:
+        out = got[arm]["out"]
+        cells = []
+        for k in kinds:
+            ids = [p[1] for p in prompts if p[0] == k]
+            cells.append(f"{sum(len(out[i][0]) for i in ids) / sum(out[i][2] for i in ids):.2f}")
+        print(f"| {arm} | " + " | ".join(cells) + " |")
+
+
+def _load() -> str:
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def run_engine(args) -> None:
+    import torch
+    from sssd.integrations.vllm_demo import demo_datastore
+    from sssd.models.loading import load_model
+
+    torch.set_num_threads(args.threads)
+    ds = sssd.Datastore.open(demo_datastore())
+    print(f"\n(c) end to end: SmolLM2-135M-Instruct, {args.threads} torch thread(s), greedy, adaptive policy "
+          f"(0..{args.budget}), {args.new} new tokens per prompt, arms taking turns")  # fmt: skip
+    for dtype in args.dtypes.split(","):
+        model, tok, _ = load_model(None, dtype)
+        prompts = _prompts(tok, args.dev, args.prompts)
+        for batch in map(int, args.batches.split(",")):
+            got = _run(_engines(model, tok, ds, batch, args.budget), prompts, batch, args.new)
+            _table(prompts, got, dtype, batch)

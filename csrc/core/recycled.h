@@ -1,0 +1,120 @@
+// The recycled-candidates source: the verifier's own top-k, kept instead of discarded (Token Recycling,
+// Luo et al., ACL 2025). Every verification computes the model's distribution at the nodes it walks; the
+// table keeps, for every token, the model's top-k the last time it read that token (next[token]). Drafting
+// reads it as a first-order guess of what follows any node's token, and adds the best guesses to the
+// fused tree, scored like the other sources by a calibrated probability (by depth and rank).
+//
+// One table per drafter, shared by its requests and kept across them: what the model predicts after a
+// token carries over between texts (that is where the source's value comes from, a cold table per
+// request would relearn it every time), and one vocabulary-sized table costs what a per-request one would
+// cost per request.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/calibration.h"
+#include "core/draft_tree.h"
+
+namespace sssd {
+
+constexpr int32_t kMaxRecycledK = 32;           // candidates per token at most (top-k of the model)
+constexpr uint64_t kMaxUnsizedRows = 1u << 20;  // rows a table without a vocabulary size may grow to
+
+class RecycledTable {
+ public:
+  // k: candidates kept per token, in [1, kMaxRecycledK]. vocab: the model's vocabulary (tokens at or past
+  // it are never recorded); 0: unknown, the table grows to the largest token recorded, at most
+  // kMaxUnsizedRows rows (larger tokens are not recorded). Memory: rows x k x 8 bytes, allocated as
+  // tokens are recorded.
+  RecycledTable(int32_t k, uint64_t vocab, int32_t pair_slots = 0);
+
+  int32_t k() const { return k_; }
+  // Row i of ids / probs ([n, width] row-major, best first) becomes the row of tokens[i] (a later row of
+  // the same token wins); the first min(width, k) columns are kept, a repeated id once (its best rank). The caller has checked the values
+  // (tokens and ids >= 0 and in the vocabulary, probs in [0, 1]).
+  // prev (null: none): the token before each tokens[i] (< 0: unknown); a pair row keyed (prev, token)
+  // is kept besides the token's row.
+  void update(const int32_t* tokens, int64_t n, const int32_t* ids, const float* probs, int32_t width,
+              const int32_t* prev = nullptr);
+  // The candidates recorded after token t: their number (0: none), and pointers to them, best first.
+  int32_t lookup(int32_t t, const int32_t** ids, const float** probs) const {
+    const auto row = static_cast<uint64_t>(t);
+    if (t < 0 || row >= count_.size() || count_[row] == 0) return 0;
+    *ids = ids_.data() + row * static_cast<uint64_t>(k_);
+    *probs = probs_.data() + row * static_cast<uint64_t>(k_);
+    return count_[row];
+  }
+  int32_t lookup_pair(int32_t a, int32_t b, const int32_t** ids, const float** probs) const {
+    if (pair_keys_.empty() || a < 0 || b < 0) return 0;
+    const uint64_t key = pair_key(a, b);
+    const uint64_t slot = pair_slot(key);
+    if (pair_keys_[slot] != key) return 0;
+    *ids = pair_ids_.data() + slot * static_cast<uint64_t>(k_);
+    *probs = pair_probs_.data() + slot * static_cast<uint64_t>(k_);
+    return pair_count_[slot];
+  }
+  int64_t rows_recorded() const { return recorded_; }
+  void clear();
+
+ private:
+  static uint64_t pair_key(int32_t a, int32_t b) {
+    return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
+  }
+  // Multiplicative hashing: the top bits of key * 2^64 / phi (one slot: shift 64, which C++ leaves undefined).
+  uint64_t pair_slot(uint64_t key) const { return pair_shift_ >= 64 ? 0 : (key * 0x9E3779B97F4A7C15ull) >> pair_shift_; }
+  static int32_t keep_row(const int32_t* ids, const float* probs, int32_t w, int32_t* out_ids, float* out_probs);
+
+  int32_t k_;
+  uint64_t max_rows_;
+  int32_t pair_shift_ = 64;
+  std::vector<uint64_t> pair_keys_;  // [slots] (a, b) of the row in the slot (~0: empty)
+  std::vector<int32_t> pair_ids_;    // [slots * k]
+  std::vector<float> pair_probs_;    // [slots * k]
+  std::vector<uint8_t> pair_count_;  // [slots]
+  std::vector<int32_t> ids_;    // [rows * k]
+  std::vector<float> probs_;    // [rows * k]
+  std::vector<uint8_t> count_;  // [rows] candidates recorded (0: never)
+  int64_t recorded_ = 0;        // rows with a record
+};
+
+struct RecycleParams {
+  int32_t max_depth = 8;          // no candidate deeper than this
+  double min_f = 1e-4;            // nor with a smaller f estimate
+  int32_t max_new = 0;            // new nodes added at most (the tree's budget: more are never selected)
+  bool from_every_node = true;    // false: below the root and recycled nodes only (a subtree of its own)
+  int32_t root_prev = -1;         // the context's token before the root (-1: none)
+};
+
+// Reusable buffers of expand_recycled (one per thread).
+struct RecycleScratch {
+  struct Edge {
+    double f;      // f estimate of the candidate
+    int32_t node;  // the tree node it hangs below
+    int32_t rank;  // its rank in the row of the node's token
+  };
+  std::vector<Edge> heap;
+  std::vector<double> best;      // min-heap of the max_new largest f in the tree
+  std::vector<uint64_t> taken;   // [tree nodes] bit j: the node has its rank-j candidate as a child
+  std::vector<int32_t> relevant;  // the nodes rescored
+  std::vector<float> bound;  // [max_depth + 1] largest calibrated p of a candidate at each depth
+};
+
+// Adds the recycled candidates to a merged tree (fuse_merge's output, before fuse_finish):
+// 1. Rescoring: a retrieval node whose parent's token has a row is scored again with what the model's own
+//    ranking says of it, p = cal(kRescoredSource, depth, 1 + its rank in the row (kAbsentRank + 1 when
+//    absent), its retrieval p): agreement says more than either source alone, disagreement less. It
+//    becomes a kRescoredSource node (raw = the retrieval p), and its f estimate follows. Only the
+//    relevant nodes are: f at least a quarter of the max_new-th largest f (the others, most of a
+//    tree, could not reach the selection); the others keep their scores.
+// 2. Expansion: new nodes, best first by the f estimate f(v) * p, where the candidate of rank j after node
+//    v (a token v has no child for yet) has p = cal(kRecycledSource, depth(v) + 1, j + 1, its recorded
+//    probability). Only candidates with f >= min_f and above the max_new-th largest f in the tree
+//    (new nodes included, so this floor rises as they come) count: best-first selection of max_new
+//    nodes never reaches the others. A node's candidates are taken in rank order (the next rank is
+//    considered when one is taken). At most max_new new nodes, for which the tree must have room; new
+//    nodes get candidates in turn. from_every_node: every relevant node does too, else the root only.
+// Without a calibration p = the raw score (rescoring changes nothing).
+void expand_recycled(const RecycledTable& table, const Calibration* cal, const RecycleParams& params,
+                     CandidateTree& tree, RecycleScratch& s);
+
+}  // namespace sssd

@@ -1,0 +1,143 @@
+// The recycled candidates: the table (rows, growth, bounds), rescoring and best-first expansion of a
+// tree, and the drafter's intake and drafting with them.
+#include <stdexcept>
+#include <vector>
+
+#include "check.h"
+#include "core/drafter.h"
+#include "core/recycled.h"
+
+namespace {
+
+// A tree of the root `root` and the given (parent, token, p, source) nodes, with f = f(parent) * p.
+struct Node {
+  int32_t parent, token;
+  float p;
+  int8_t source;
+};
+sssd::CandidateTree make_tree(int32_t root, const std::vector<Node>& nodes, int32_t extra) {
+  sssd::CandidateTree t;
+  t.reset(root, static_cast<int32_t>(nodes.size()) + 1 + extra);
+  for (const Node& n : nodes) {
+    const int32_t v = t.new_child(n.parent, n.token);
+    t.p[v] = n.p;
+    t.f[v] = t.f[n.parent] * n.p;
+    t.source[v] = n.source;
+  }
+  return t;
+}
+
+}  // namespace
+
+TEST(recycled_table_rows) {
+  sssd::RecycledTable table(2, 10);
+  const int32_t tokens[] = {3, 4, 3};
+  const int32_t ids[] = {1, 2, 3, 4, 5, 6, 7, 8, 9};  // width 3: only the first 2 are kept
+  const float probs[] = {0.5f, 0.25f, 0.1f, 0.6f, 0.3f, 0.1f, 0.7f, 0.2f, 0.1f};
+  table.update(tokens, 3, ids, probs, 3);
+  const int32_t* row = nullptr;
+  const float* p = nullptr;
+  CHECK_EQ(table.lookup(3, &row, &p), 2);  // the later row of token 3 won
+  CHECK_EQ(row[0], 7);
+  CHECK_EQ(row[1], 8);
+  CHECK_EQ(table.lookup(4, &row, &p), 2);
+  CHECK_EQ(table.lookup(5, &row, &p), 0);
+  CHECK_EQ(table.lookup(-1, &row, &p), 0);
+  CHECK_EQ(table.lookup(1 << 30, &row, &p), 0);
+  CHECK_EQ(table.rows_recorded(), 2);
+  const int32_t past[] = {10, 1 << 30};  // at or past the vocabulary: not recorded
+  table.update(past, 2, ids, probs, 3);
+  CHECK_EQ(table.rows_recorded(), 2);
+  sssd::RecycledTable unsized(4, 0);
+  const int32_t huge[] = {static_cast<int32_t>(sssd::kMaxUnsizedRows), 7};
+  unsized.update(huge, 2, ids, probs, 1);
+  CHECK_EQ(unsized.rows_recorded(), 1);
+  CHECK_THROWS(sssd::RecycledTable(0, 10), std::invalid_argument);
+  CHECK_THROWS(sssd::RecycledTable(sssd::kMaxRecycledK + 1, 10), std::invalid_argument);
+}
+
+TEST(recycled_pair_rows) {
+  sssd::RecycledTable table(2, 10, 4);
+  const int32_t tokens[] = {3, 3, 4};
+  const int32_t prev[] = {1, -1, 3};
+  const int32_t ids[] = {5, 6, 7, 8, 9, 9};  // width 2; row 2 repeats 9: kept once
+  const float probs[] = {0.5f, 0.25f, 0.6f, 0.3f, 0.7f, 0.2f};
+  table.update(tokens, 3, ids, probs, 2, prev);
+  const int32_t* row = nullptr;
+  const float* p = nullptr;
+  CHECK_EQ(table.lookup_pair(1, 3, &row, &p), 2);  // (1, 3): the first row (the second had no prev)
+  CHECK_EQ(row[0], 5);
+  CHECK_EQ(table.lookup(3, &row, &p), 2);  // token 3: the later row
+  CHECK_EQ(row[0], 7);
+  CHECK_EQ(table.lookup_pair(3, 4, &row, &p), 1);
+  CHECK_EQ(table.lookup_pair(2, 3, &row, &p), 0);
+  CHECK_EQ(table.lookup_pair(-1, 3, &row, &p), 0);
+  sssd::RecycledTable none(2, 10);  // no pair slots: no pair rows
+  none.update(tokens, 3, ids, probs, 2, prev);
+  CHECK_EQ(none.lookup_pair(1, 3, &row, &p), 0);
+  sssd::RecycledTable one(2, 10, 1);  // one slot: the latest pair holds it
+  one.update(tokens, 3, ids, probs, 2, prev);
+  CHECK_EQ(one.lookup_pair(1, 3, &row, &p), 0);
+  CHECK_EQ(one.lookup_pair(3, 4, &row, &p), 1);
+  CHECK_THROWS(sssd::RecycledTable(2, 10, 3), std::invalid_argument);
+  CHECK_THROWS(sssd::RecycledTable(2, 10, -1), std::invalid_argument);
+  CHECK_EQ(sssd::recycled_match(0, false), 1);
+  CHECK_EQ(sssd::recycled_match(0, true), sssd::kPairRankBase + 1);
+  CHECK_EQ(sssd::recycled_match(31, true), 2 * sssd::kPairRankBase);
+}
+
+TEST(recycled_expansion_rescores_and_adds) {
+  sssd::RecycledTable table(2, 0);
+  const int32_t tokens[] = {5, 7};
+  const int32_t ids[] = {7, 8, 9, 3};
+  const float probs[] = {0.75f, 0.25f, 0.5f, 0.5f};
+  table.update(tokens, 2, ids, probs, 2);
+  // root 5 with a retrieval child 7 (p 0.5) and 6 (p 0.25)
+  sssd::CandidateTree t = make_tree(5, {{0, 7, 0.5f, 0}, {0, 6, 0.25f, 1}}, 4);
+  sssd::RecycleScratch scratch;
+  sssd::RecycleParams params;
+  params.max_new = 4;
+  sssd::expand_recycled(table, nullptr, params, t, scratch);
+  CHECK_EQ(t.source[1], sssd::kRescoredSource);  // 7: rank 0 after 5
+  CHECK_EQ(t.match_len[1], 1);
+  CHECK_EQ(t.source[2], sssd::kRescoredSource);  // 6: absent
+  CHECK_EQ(t.match_len[2], sssd::kAbsentRank + 1);
+  // new, best first: 8 after 5 (f 0.25, the lower node first), then 9 after 7 (0.25); four nodes are
+  // then at f >= 0.25, so 3 after 7 (0.25) would never be among the best four
+  CHECK_EQ(t.size(), 5);
+  CHECK_EQ(t.tokens[3], 8);
+  CHECK_EQ(t.tokens[4], 9);
+  for (int32_t v = 3; v < t.size(); ++v) {
+    CHECK_EQ(t.source[v], sssd::kRecycledSource);
+    CHECK(t.f[v] == 0.25);
+  }
+}
+
+TEST(recycled_drafter_intake_and_drafting) {
+  sssd::DrafterParams p;
+  p.use_recycled = true;
+  p.use_input = p.use_pool = false;
+  p.calibrated = false;
+  p.vocab_size = 20;
+  sssd::Drafter d(p, {});
+  const int32_t prompt[] = {1, 5};
+  d.add_request(0, prompt, 2);
+  const int32_t tokens[] = {5};
+  const int32_t ids[] = {7, 8};
+  const float probs[] = {0.75f, 0.25f};
+  const float bad_probs[] = {0.75f, 1.5f};
+  const int32_t bad_ids[] = {7, 20};
+  CHECK_THROWS(d.recycle(tokens, 1, ids, bad_probs, 2), std::invalid_argument);
+  CHECK_THROWS(d.recycle(tokens, 1, bad_ids, probs, 2), std::invalid_argument);
+  CHECK_EQ(d.recycled_rows(), 0);
+  d.recycle(tokens, 1, ids, probs, 2);
+  CHECK_EQ(d.recycled_rows(), 1);
+  const int64_t rid = 0, budget = 8;
+  sssd::ProposeOutput out;
+  d.propose(&rid, 1, &budget, false, nullptr, 0.02, 0.0, out);
+  CHECK_EQ(out.tokens.size(), size_t{3});  // the root, 7, 8
+  CHECK_EQ(out.tokens[1], 7);
+  CHECK_EQ(out.source[1], sssd::kRecycledSource);
+  p.recycle_k = 0;
+  CHECK_THROWS(sssd::Drafter(p, {}), std::invalid_argument);
+}

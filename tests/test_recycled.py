@@ -1,0 +1,293 @@
+"""Recycled candidates: the native rescoring + expansion against the Python oracle and hand-written
+cases, the drafter's top-k intake (validation, on/off), calibration of the new sources."""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from sssd import _core
+from sssd.drafter import reference as ref
+from sssd.drafter.calibration import SOURCES, CalibrationTable
+
+OPTS = {"max_depth": 8, "min_f": 1e-4, "max_new": 16, "from_every_node": True}
+
+
+def padded(table):
+    """Every row as long as the longest: shorter ones repeat their last candidate (a repeated token is
+    kept once, at its first rank)."""
+    k = max((len(ids) for ids, _ in table.values()), default=1)
+    return {
+        t: (list(i) + [i[-1]] * (k - len(i)), list(p) + [p[-1]] * (k - len(p))) for t, (i, p) in table.items()
+    }
+
+
+def native(tree, table, cal=None, pairs=None, **opts):
+    """The native expansion of ``tree`` (lists) with ``table`` (token -> (ids, probs), padded) and
+    ``pairs`` ((previous token, token) -> (ids, probs), padded to the same width): the pair rows are
+    recorded first, so the table's rows are the tokens' own."""
+    pairs = pairs or {}
+    rows = list(padded({**{("pair", *key): r for key, r in pairs.items()}, **table}).items())
+    rows = [((k[1], k[2]) if isinstance(k, tuple) else (-1, k), r) for k, r in rows]
+    k = max((len(r[0]) for _, r in rows), default=1)
+    ids = np.zeros((len(rows), k), np.int32)
+    probs = np.zeros((len(rows), k), np.float32)
+    for i, (_, r) in enumerate(rows):
+        ids[i], probs[i] = r
+    arrays = {
+        "tokens": np.asarray(tree["tokens"], np.int32),
+        "parents": np.asarray(tree["parents"], np.int32),
+        "p": np.asarray(tree["p"], np.float32),
+        "f": np.asarray(tree["f"], np.float64),
+        "source": np.asarray(tree["source"], np.int8),
+    }
+    keys = np.asarray([key[1] for key, _ in rows], np.int32)
+    if pairs:
+        opts["prev"] = np.asarray([key[0] for key, _ in rows], np.int32)
+    out = _core.expand_recycled(arrays, keys, ids, probs, {**OPTS, **opts}, cal)
+    return {key: v.tolist() for key, v in out.items()}
+
+
+def held(table, pairs, slots=1 << 16):
+    """What a table holds after ``native`` recorded ``pairs`` then ``table``: (token rows, pair rows).
+    A pair's row is its token's too unless the table has one; pairs sharing a slot: the later stays."""
+    rows, slot = dict(table), {}
+    for (a, b), r in pairs.items():
+        rows.setdefault(b, r) if b in table else rows.__setitem__(b, r)
+        slot[ref.pair_slot(a, b, slots)] = (a, b)
+    return rows, {key: pairs[key] for key in slot.values()}
+
+
+def root_tree(token=5):
+    return {"tokens": [token], "parents": [-1], "p": [1.0], "f": [1.0], "source": [-1]}
+
+
+def test_chain_from_the_root_best_first():
+    table = {5: ([7, 8], [0.75, 0.25]), 7: ([9], [0.5]), 9: ([5], [0.5])}
+    out = native(root_tree(), table, max_new=3)
+    # f: 7 -> 0.75, 9 (after 7) -> 0.375, 8 -> 0.25, 5 (after 9) -> 0.1875
+    assert out["tokens"] == [5, 7, 9, 8]
+    assert out["parents"] == [-1, 0, 1, 0]
+    assert out["f"][1:] == [0.75, 0.375, 0.25]
+    assert out["source"][1:] == [3, 3, 3]
+    assert out["match_len"][1:] == [1, 1, 2]  # 1 + rank
+    assert out["raw"][1:] == [0.75, 0.5, 0.25]
+
+
+def test_a_pairs_row_is_preferred_and_calibrated_apart():
+    table = {5: ([7], [0.9]), 7: ([9], [0.5])}
+    pairs = {(2, 5): ([8], [0.6]), (5, 7): ([4], [0.5])}
+    out = native(root_tree(), table, None, pairs, max_new=2, root_prev=2)
+    assert out["tokens"] == [5, 8]  # (2, 5) has a row: the pair's, not the token's
+    assert out["match_len"][1:] == [9]  # a pair's rank 0: kPairRankBase + 1
+    out = native(root_tree(), table, None, pairs, max_new=2, root_prev=3)  # no row for (3, 5)
+    assert out["tokens"] == [5, 7, 4] and out["match_len"][1:] == [1, 9]  # (5, 7) has one
+    assert ref.recycled_match(0, False) == 1 and ref.recycled_match(20, False) == 8
+
+
+def test_rescoring_agreement_and_absence():
+    tree = {
+        "tokens": [5, 7, 6],
+        "parents": [-1, 0, 0],
+        "p": [1.0, 0.5, 0.25],
+        "f": [1.0, 0.5, 0.25],
+        "source": [-1, 0, 1],
+    }
+    table = {5: ([7, 8], [0.75, 0.25])}
+    out = native(tree, table, max_new=0)  # no room for new nodes: nothing is done at all
+    assert out["source"] == [-1, 0, 1]
+    out = native(tree, table, max_new=1)
+    assert out["source"][1:3] == [4, 4]  # both rescored: 7 at rank 0, 6 absent
+    assert out["match_len"][1:3] == [1, 64]
+    assert out["raw"][1:3] == [0.5, 0.25]  # the retrieval p
+    assert out["source_mask"][1:3] == [8, 0]  # recycled agrees with 7 only
+    assert out["tokens"] == [5, 7, 6]  # 8 (f 0.25) is below the largest f: one node would never take it
+    out = native(tree, table, max_new=3)
+    assert out["tokens"] == [5, 7, 6, 8] and out["f"][3] == 0.25
+
+
+def test_floor_keeps_out_what_selection_would_never_reach():
+    tree = {
+        "tokens": [5, 7, 6],
+        "parents": [-1, 0, 0],
+        "p": [1.0, 0.9, 0.8],
+        "f": [1.0, 0.9, 0.8],
+        "source": [-1, 0, 0],
+    }
+    table = {5: ([1, 2], [0.5, 0.4])}
+    out = native(tree, table, max_new=2)  # the 2nd largest f is 0.8: 0.5 and 0.4 never make the cut
+    assert out["tokens"] == [5, 7, 6]
+    out = native(tree, table, max_new=3)  # 1 (f 0.5) makes the three best: then 2 (0.4) does not
+    assert out["tokens"] == [5, 7, 6, 1]
+    assert native(tree, table, max_new=4)["tokens"] == [5, 7, 6, 1, 2]
+
+
+def test_from_the_root_only():
+    tree = {"tokens": [5, 7], "parents": [-1, 0], "p": [1.0, 0.9], "f": [1.0, 0.9], "source": [-1, 0]}
+    table = {7: ([1], [0.5]), 5: ([2], [0.5])}
+    assert native(tree, table)["tokens"] == [5, 7, 2, 1]  # f 0.5, then 0.9 * 0.5
+    assert native(tree, table, from_every_node=False)["tokens"] == [5, 7, 2]
+
+
+def test_depth_and_min_f():
+    table = {5: ([5], [0.5])}
+    assert len(native(root_tree(), table, max_depth=3)["tokens"]) == 4  # a chain of 5s, depth 3
+    assert len(native(root_tree(), table, min_f=0.2)["tokens"]) == 3  # 0.5, 0.25, then 0.125 < 0.2
+
+
+@st.composite
+def cases(draw):
+    vocab = draw(st.integers(2, 6))
+    n = draw(st.integers(1, 8))
+    tree = {
+        "tokens": [draw(st.integers(0, vocab - 1))],
+        "parents": [-1],
+        "p": [1.0],
+        "f": [1.0],
+        "source": [-1],
+    }
+    for i in range(1, n):
+        u = draw(st.integers(0, i - 1))
+        p = float(np.float32(draw(st.sampled_from([0.05, 0.2, 0.3, 0.5, 0.9]))))
+        tree["tokens"].append(draw(st.integers(0, vocab - 1)))
+        tree["parents"].append(u)
+        tree["p"].append(p)
+        tree["f"].append(tree["f"][u] * p)
+        tree["source"].append(draw(st.sampled_from([0, 1, 2, 3])))
+    table = {}
+    for t in draw(st.sets(st.integers(0, vocab - 1))):
+        ids = draw(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=3, unique=True))
+        probs = sorted((float(np.float32(draw(st.floats(0, 1)))) for _ in ids), reverse=True)
+        table[t] = (ids, probs)
+    pairs = {}
+    for key in draw(st.sets(st.tuples(st.integers(0, vocab - 1), st.integers(0, vocab - 1)), max_size=6)):
+        ids = draw(st.lists(st.integers(0, vocab - 1), min_size=1, max_size=3, unique=True))
+        probs = sorted((float(np.float32(draw(st.floats(0, 1)))) for _ in ids), reverse=True)
+        pairs[key] = (ids, probs)
+    opts = {
+        "root_prev": draw(st.integers(-1, vocab - 1)),
+        "max_depth": draw(st.integers(1, 4)),
+        "min_f": draw(st.sampled_from([0.0, 1e-3, 0.1])),
+        "max_new": draw(st.integers(0, 10)),
+        "from_every_node": draw(st.booleans()),
+    }
+    return tree, table, pairs, opts
+
+
+def random_table(seed):
+    rng = np.random.default_rng(seed)
+    t = CalibrationTable.identity()
+    values = np.sort(rng.uniform(0, 1, t.shape).astype(np.float32), axis=-1)
+    return CalibrationTable(t.depth_edges, t.match_edges, t.num_knots, values, np.ones(t.shape))
+
+
+@given(cases(), st.sampled_from([None, 0, 1]))
+def test_matches_the_oracle(case, seed):
+    tree, table, pairs, opts = case
+    cal = None if seed is None else random_table(seed).native()
+    got = native(tree, table, cal, pairs, **opts)
+    table, pairs = held(table, pairs)
+
+    def cal_p(source, depth, match, raw):
+        s = np.asarray([source], np.int8)
+        return float(
+            cal.apply(
+                s, np.asarray([depth], np.int32), np.asarray([match], np.int32), np.asarray([raw], np.float32)
+            )[0]
+        )
+
+    want = ref.expand_recycled(
+        tree,
+        table,
+        None if cal is None else cal_p,
+        match_edges=random_table(0).match_edges,
+        pairs=pairs,
+        **opts,
+    )
+    for key, v in got.items():
+        assert v == pytest.approx(want[key], rel=0, abs=0), key
+
+
+def test_sources_and_old_tables():
+    assert SOURCES[3:] == ("recycled", "rescored")
+    old = CalibrationTable.identity().to_json()
+    old["sources"] = old["sources"][:3]
+    old["values"] = old["values"][:3]
+    old["weights"] = old["weights"][:3]
+    t = CalibrationTable.from_json(old)  # a table from before the recycled sources: identity for them
+    assert t.values.shape[0] == len(SOURCES)
+    assert np.array_equal(t.values[3:], CalibrationTable.identity().values[3:])
+
+
+def test_drafter_intake_is_checked():
+    import sssd
+
+    d = sssd.Drafter(None, sssd.DrafterConfig(use_recycled=True, vocab_size=100))
+    tok = np.asarray([5, 6], np.int32)
+    ids = np.asarray([[7, 8], [9, 1]], np.int32)
+    probs = np.asarray([[0.5, 0.25], [0.5, 0.1]], np.float32)
+    with pytest.raises(TypeError):
+        d.recycle(tok, ids.astype(np.int64), probs)
+    with pytest.raises(TypeError):
+        d.recycle(tok, ids, probs.astype(np.float64))
+    with pytest.raises(ValueError, match="2-D"):
+        d.recycle(tok, ids[0], probs[0])
+    with pytest.raises(ValueError, match="rows"):
+        d.recycle(tok[:1], ids, probs)
+    with pytest.raises(ValueError, match="same shape"):
+        d.recycle(tok, ids, probs[:, :1].copy())
+    with pytest.raises(ValueError, match="C-contiguous"):
+        d.recycle(tok, np.asfortranarray(ids), np.asfortranarray(probs))
+    for bad in (np.nan, 1.5, -0.1):
+        p = probs.copy()
+        p[1, 1] = bad
+        with pytest.raises(ValueError, match=r"\[0, 1\]"):
+            d.recycle(tok, ids, p)
+    with pytest.raises(ValueError, match="vocabulary"):
+        d.recycle(tok, ids + 95, probs)
+    with pytest.raises(ValueError, match="vocabulary"):
+        d.recycle(-tok, ids, probs)
+    with pytest.raises(TypeError):
+        d.recycle(tok, ids, probs, tok.astype(np.int64))
+    with pytest.raises(ValueError, match="prev"):
+        d.recycle(tok, ids, probs, tok[:1])
+    with pytest.raises(ValueError, match="previous token"):
+        d.recycle(tok, ids, probs, tok + 100)
+    assert d.recycled_rows == 0  # nothing was recorded by the failed calls
+    d.recycle(tok, ids, probs, np.asarray([-1, 5], np.int32))
+    assert d.recycled_rows == 2
+    with pytest.raises(ValueError, match="recycle_pair_slots"):
+        sssd.DrafterConfig(recycle_pair_slots=3)
+    d.recycle(np.zeros(0, np.int32), np.zeros((0, 2), np.int32), np.zeros((0, 2), np.float32))
+    with pytest.raises(ValueError, match="recycle_k"):
+        sssd.DrafterConfig(recycle_k=0)
+
+
+def test_drafter_drafts_and_learns_from_recycled_candidates():
+    import sssd
+
+    cfg = sssd.DrafterConfig(use_recycled=True, use_input=False, use_pool=False, calibration=None)
+    d = sssd.Drafter(None, cfg)
+    assert d.recycle_k == 8
+    d.add_request(0, np.asarray([1, 2, 5], np.int32))
+    assert d.propose([0], budget=4).num_draft_nodes == 0  # nothing recorded yet
+    d.recycle(np.asarray([5, 7], np.int32), np.asarray([[7, 8], [9, 3]], np.int32),
+              np.asarray([[0.75, 0.25], [0.5, 0.5]], np.float32))  # fmt: skip
+    b = d.propose([0], budget=3)
+    assert b.tokens.tolist() == [5, 7, 9, 3] and b.source.tolist() == [-1, 3, 3, 3]
+    assert b.match_len.tolist() == [0, 1, 1, 2]  # 1 + rank
+    d.extend(0, np.asarray([7, 4], np.int32))
+    assert d.observe([0], b, [1]) == 1  # recycled nodes are calibration observations like any other
+
+
+def test_drafter_without_the_source_ignores_top_k():
+    import sssd
+
+    d = sssd.Drafter(None, sssd.DrafterConfig(vocab_size=100))
+    assert d.recycle_k == 0
+    d.recycle(np.asarray([5], np.int32), np.asarray([[7]], np.int32), np.asarray([[1.0]], np.float32))
+    assert d.recycled_rows == 0
+    unsized = sssd.Drafter(None, sssd.DrafterConfig(use_recycled=True))  # no vocabulary: bounded rows
+    unsized.recycle(
+        np.asarray([2**30], np.int32), np.asarray([[7]], np.int32), np.asarray([[1.0]], np.float32)
+    )
+    assert unsized.recycled_rows == 0
