@@ -60,8 +60,8 @@ def _run(drafter: OverProposing, monkeypatch, budget: int, **cfg) -> tuple[float
     seen: list = []
     verify = engine_module.verify_step
 
-    def spy(output, trees, reqs):
-        paths, tokens = verify(output, trees, reqs)
+    def spy(output, trees, reqs, top_k=None):
+        paths, tokens = verify(output, trees, reqs, top_k)
         seen.append(_trials(trees, [np.asarray(p) for p in paths], reqs))
         return paths, tokens
 
