@@ -71,11 +71,12 @@ def run_policy(policy, curve, batches, steps: int, *, seed: int = 0, noise: floa
         rng = np.random.default_rng([seed, i])  # this step's draws, whatever the policy does
         u, jitter = rng.random((b, depth)), float(np.exp(rng.normal(0.0, noise)))
         k_plan = int(policy.plan(view))
-        kept, draft_s = None, 0.0
+        proposed, draft_s = None, 0.0
         if k_plan > 0:
             drafter = FakeDrafter(batches[i % len(batches)])
-            kept = policy.select(view, drafter.propose(view.request_ids, budget=k_plan))
-            draft_s = DRAFT_S
+            proposed, draft_s = drafter.propose(view.request_ids, budget=k_plan), DRAFT_S
+        decision = policy.decide(view, proposed)
+        kept = decision.batch
         k = 0 if kept is None else int(len(kept.tokens) - b)
         if kept is not None and truth is not None:
             kept = dataclasses.replace(kept, probs=np.asarray(truth(kept), dtype=np.float64))
@@ -83,7 +84,7 @@ def run_policy(policy, curve, batches, steps: int, *, seed: int = 0, noise: floa
         fwd = curve(b + k, b) * jitter
         step = fwd + draft_s + OTHER_S
         policy.observe(
-            StepTiming(b, k_plan, b + k, CONTEXT * b, tuple(acc), draft_s, fwd, OTHER_S, step)
+            decision, StepTiming(b, k_plan, b + k, CONTEXT * b, tuple(acc), draft_s, fwd, OTHER_S, step)
         )  # fmt: skip
         budgets.append(k)
         tokens.append(b + sum(acc))

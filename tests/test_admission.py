@@ -24,7 +24,7 @@ def running_policy(target=None, steps=10, **config):
     view = StepView([0], [10], [10], [None])
     for _ in range(steps):
         policy.plan(view)
-        policy.observe(StepTiming(1, 0, 1, 10, (0,), 0.0, 0.6, 0.0, 0.6))
+        policy.observe(policy.decide(view, None), StepTiming(1, 0, 1, 10, (0,), 0.0, 0.6, 0.0, 0.6))
     return policy
 
 
@@ -62,7 +62,10 @@ def test_a_request_that_misses_anyway_is_not_protected():
     policy.set_slo(0, 1.0, priority=1.0)
     for _ in range(10):
         policy.plan(StepView([0], [10], [10], [None]))
-        policy.observe(StepTiming(1, 0, 1, 10, (0,), 0.0, 2.0, 0.0, 2.0))
+        policy.observe(
+            policy.decide(StepView([0], [10], [10], [None]), None),
+            StepTiming(1, 0, 1, 10, (0,), 0.0, 2.0, 0.0, 2.0),
+        )
     assert policy.admit(admit_view()) == [1]
 
 
@@ -94,9 +97,15 @@ def test_empty_batch_always_admits():
 def test_prefill_stalls_count_for_running_requests_only():
     policy = BudgetPolicy(BudgetConfig(budget=0), fixed_cost())
     policy.plan(StepView([0], [10], [10], [None]))
-    policy.observe(StepTiming(1, 0, 1, 10, (0,), 0.0, 0.6, 0.0, 0.6))
+    policy.observe(
+        policy.decide(StepView([0], [10], [10], [None]), None),
+        StepTiming(1, 0, 1, 10, (0,), 0.0, 0.6, 0.0, 0.6),
+    )
     policy.plan(StepView([0, 1], [11, 3], [10, 10], [None, None]))
-    policy.observe(StepTiming(2, 0, 2, 14, (0, 0), 0.0, 0.7, 0.0, 0.7, prefill_time=0.7))
+    policy.observe(
+        policy.decide(StepView([0, 1], [11, 3], [10, 10], [None, None]), None),
+        StepTiming(2, 0, 2, 14, (0, 0), 0.0, 0.7, 0.0, 0.7, prefill_time=0.7),
+    )
     rep = policy.slo_report()
     assert rep[0]["tpot_s"] == pytest.approx((0.6 + 0.7 + 0.7) / 2)
     assert rep[1]["tpot_s"] == pytest.approx(0.7)  # its own prefill is before its first token
@@ -108,12 +117,15 @@ def test_expected_remaining_from_finished_lengths():
     for n in [4] * 4 + [20] * 4:
         for _ in range(n):
             policy.plan(StepView([rid], [10], [100], [None]))
-            policy.observe(StepTiming(1, 0, 1, 10, (0,), 0.0, 0.6, 0.0, 0.6))
+            policy.observe(
+                policy.decide(StepView([rid], [10], [100], [None]), None),
+                StepTiming(1, 0, 1, 10, (0,), 0.0, 0.6, 0.0, 0.6),
+            )
         policy.remove_request(rid)
         rid += 1
-    got = policy._expected_remaining(np.array([0, 5]), [100, 100])
+    got = policy.requests.expected_remaining(np.array([0, 5]), [100, 100])
     np.testing.assert_allclose(got, [12.0, 100.0])  # mean of 4,4,4,4,20,20,20,20; too few past 5
-    np.testing.assert_allclose(policy._expected_remaining(np.array([0]), [10]), [7.0])  # capped at 10
+    np.testing.assert_allclose(policy.requests.expected_remaining(np.array([0]), [10]), [7.0])  # capped at 10
 
 
 @pytest.mark.parametrize(("tolerance", "want"), [(1.0, []), (0.5, []), (0.3, [1])])

@@ -108,8 +108,9 @@ def test_results_are_released_once_handed_out(refs):
 
 
 def _observe_one(policy, rid):
-    policy.plan(StepView([rid], [5], [10], [None]))
-    policy.observe(StepTiming(1, 0, 1, 5, (0,), 0.0, 1e-3, 0.0, 1e-3))
+    view = StepView([rid], [5], [10], [None])
+    policy.plan(view)
+    policy.observe(policy.decide(view, None), StepTiming(1, 0, 1, 5, (0,), 0.0, 1e-3, 0.0, 1e-3))
 
 
 def test_the_adaptive_policy_forgets_requests_that_left():
@@ -118,7 +119,7 @@ def test_the_adaptive_policy_forgets_requests_that_left():
     for rid in range(3 * FINISHED_RECORDS):
         _observe_one(policy, rid)
         policy.remove_request(rid)
-    assert policy._requests == {} and len(policy._finished) == FINISHED_RECORDS
+    assert policy.requests.live == {} and len(policy.requests.finished) == FINISHED_RECORDS
     assert len(policy.slo_report()) == FINISHED_RECORDS
     # a request held back by SLO admission and then aborted while waiting leaves nothing behind
     policy.set_slo(7001, 1e-9)
@@ -128,7 +129,7 @@ def test_the_adaptive_policy_forgets_requests_that_left():
     policy.admit(AdmitView([7001, 7002], [3, 3], [10, 10], running, 1))
     policy.remove_request(7002)
     policy.admit(AdmitView([], [], [], running, 1))
-    assert 7002 not in policy.slo and policy._deferred == {}
+    assert 7002 not in policy.slo and policy.requests.deferred == {}
 
 
 def test_aborting_a_waiting_request_drops_its_policy_state():

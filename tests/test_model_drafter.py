@@ -266,14 +266,16 @@ def test_draft_probs_survive_the_adaptive_policys_truncation():
     cfg = sssd.ModelDrafterConfig(top_k=3, max_depth=4, sampling=True, seed=1)
     engine = Engine(tiny_model("qwen2"), drafter=sssd.ModelDrafter(tiny_model("qwen2"), cfg),
                     config=EngineConfig(budget=12))  # fmt: skip
-    select = engine.policy.select
+    decide = engine.policy.decide
 
     def spy(view, batch):
-        out = select(view, batch)
-        seen.append((batch.num_draft_nodes, out.num_draft_nodes, out.num_nodes, out.draft_probs))
-        return out
+        decision = decide(view, batch)
+        out = decision.batch
+        if batch is not None:
+            seen.append((batch.num_draft_nodes, out.num_draft_nodes, out.num_nodes, out.draft_probs))
+        return decision
 
-    engine.policy.select = spy
+    engine.policy.decide = spy
     res = engine.generate(
         make_prompts(3, seed=25), max_new_tokens=12, temperature=1.0, seed=0, eos_token_ids=()
     )

@@ -13,23 +13,24 @@ PKG = Path(sssd.__file__).parent
 
 # What each subpackage imports from sssd, exactly (besides itself); its docstring's "Imports:" paragraph
 # names the same modules and the tests below hold both to the code. The graph has no cycle: read bottom
-# up, _core/_cuda/checks/fileio/data, then datastore, kernels, models, policy, engine, drafter (its model
-# drafter runs a draft model through the engine's ModelAdapter and KVCache, so the engine never imports
-# a drafter: drafters are duck-typed), evaluation, integrations, cli.
+# up, _core/_cuda/batch/checks/fileio/data, then datastore, kernels, models, policy, engine, drafter (its
+# model drafter runs a draft model through the engine's ModelAdapter and KVCache, so the engine never
+# imports a drafter: drafters are duck-typed), evaluation, integrations, cli.
 ALLOWED = {
     "data": set(),
     "datastore": {"_core", "checks"},
     "kernels": {"_core", "_cuda"},
     "models": {"fileio"},
-    "policy": {"checks", "fileio"},
-    "engine": {"checks", "datastore", "kernels", "policy"},
-    "drafter": {"_core", "checks", "datastore", "engine", "fileio"},
-    "evaluation": {"drafter", "fileio"},
+    "policy": {"batch", "checks", "fileio"},
+    "engine": {"batch", "checks", "datastore", "kernels", "policy"},
+    "drafter": {"_core", "batch", "checks", "datastore", "engine", "fileio"},
+    "evaluation": {"batch", "drafter", "fileio"},
     "integrations": {"checks", "data", "datastore", "drafter", "fileio", "models", "policy"},
     "cli": {"_core", "data", "datastore", "drafter", "engine", "evaluation", "fileio", "models", "policy"},
 }
-SHARED = {"_core", "_cuda", "checks", "fileio"}  # modules that import nothing of sssd
-TOP_LEVEL_MODULES = {"__init__.py", "fileio.py", "checks.py"}  # the public API; atomic files; argument checks
+SHARED = {"_core", "_cuda", "batch", "checks", "fileio"}  # modules that import nothing of sssd
+# the public API; atomic files; argument checks; the algebra of a flat batch of draft trees
+TOP_LEVEL_MODULES = {"__init__.py", "fileio.py", "checks.py", "batch.py"}
 
 
 def _sssd_imports(path: Path) -> set[str]:

@@ -170,7 +170,7 @@ def test_acceptance_check_and_correction():
     for _ in range(30):
         plan = policy.step(FakeDrafter(b), _view([0], [100]))
         half = plan.expected_accepted / policy.correction / 2
-        policy.observe(StepTiming(1, 64, 1 + plan.budget, 100, (half,), 0.0, 0.05, 0.0, 0.05))
+        policy.observe(plan, StepTiming(1, 64, 1 + plan.budget, 100, (half,), 0.0, 0.05, 0.0, 0.05))
     assert policy.acceptance.ratio == pytest.approx(0.5, rel=0.05)
     assert policy.correction == pytest.approx(0.5, rel=0.1)
     rep = policy.slo_report()
@@ -240,14 +240,29 @@ def test_policy_samples_carry_the_verified_trees_pairs():
     and the requests' contexts (a plain step: none)."""
     batch = make_batch([chain(6, 0.9), chain(2, 0.5)])
     policy = BudgetPolicy(BudgetConfig(mode="fixed", budget=6), flat_cost())
-    plan = policy.step(FakeDrafter(batch), _view([0, 1], [100, 300]))
-    sizes = np.diff(np.asarray(plan.batch.offsets))
-    policy.observe(StepTiming(2, 6, int(sizes.sum()), 400, (0, 0), 0.0, 0.05, 0.0, 0.05))
+    drafted = policy.step(FakeDrafter(batch), _view([0, 1], [100, 300]))
+    # a decision is a value: deciding another step in between changes nothing of this one's feedback
+    plain = policy.decide(_view([0, 1], [101, 301]), None)  # a step without drafts
+    sizes = np.diff(np.asarray(drafted.batch.offsets))
+    policy.observe(drafted, StepTiming(2, 6, int(sizes.sum()), 400, (0, 0), 0.0, 0.05, 0.0, 0.05))
     x = policy.cost.forward._xs[-1]
     assert x[FORWARD_FEATURES.index("tree_attention")] == tree_pairs_of(sizes, [100, 300]) > 0
-    policy.plan(_view([0, 1], [101, 301]))  # a step without drafts
-    policy.observe(StepTiming(2, 0, 2, 402, (0, 0), 0.0, 0.04, 0.0, 0.04))
+    policy.observe(plain, StepTiming(2, 0, 2, 402, (0, 0), 0.0, 0.04, 0.0, 0.04))
     assert policy.cost.forward._xs[-1][FORWARD_FEATURES.index("tree_attention")] == 0.0
+    assert [k for _, k in policy.history] == [drafted.budget, 0] and drafted.budget == 6
+
+
+def test_the_same_view_and_batch_give_the_same_decision():
+    """``decide`` consumes nothing that ``observe`` needs: deciding twice gives equal decisions."""
+    batch = make_batch([chain(6, 0.9), chain(3, 0.5)])
+    policy = BudgetPolicy(BudgetConfig(mode="fixed", budget=5), flat_cost())
+    a, b = (policy.decide(_view([0, 1], [100, 300]), batch) for _ in range(2))
+    assert (a.budget, a.expected_accepted, a.predicted_s, a.tree_pairs, a.request_ids) == (
+        b.budget, b.expected_accepted, b.predicted_s, b.tree_pairs, b.request_ids
+    )  # fmt: skip
+    np.testing.assert_array_equal(a.predicted_per_request, b.predicted_per_request)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.budget = 3
 
 
 def test_expected_head_levels_is_the_expected_longest_accepted_path():

@@ -127,5 +127,5 @@ def test_each_request_gets_nodes_by_its_own_acceptance():
     _, tok_own, sec_own = run_policy(own, curve, batch, 160, seed=2, truth=truth)
     _, tok_shared, sec_shared = run_policy(shared, curve, batch, 160, seed=2, truth=truth)
     assert tok_own.sum() / sec_own.sum() > 1.04 * tok_shared.sum() / sec_shared.sum()
-    scales = own._request_scales([0, 1])
+    scales = own.requests.scales([0, 1], own.correction)
     assert scales[0] > 1.5 and scales[1] < 1.3

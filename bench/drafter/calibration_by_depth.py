@@ -50,20 +50,14 @@ class Recording(BudgetPolicy):
         self.depths = depths
         self.predicted = np.zeros(depths + 1)
         self.observed = np.zeros(depths + 1)
-        self._verified = None
 
-    def select(self, view, batch):
-        self._verified = super().select(view, batch)
-        return self._verified
-
-    def observe(self, timing) -> None:
-        b = self._verified
+    def observe(self, decision, timing) -> None:
+        b = decision.batch  # the batch verified
         if b is not None and len(b.offsets) - 1 == len(timing.accepted):
             pred, obs = accepted_by_depth(b, np.asarray(timing.accepted), self.depths)
             self.predicted += pred
             self.observed += obs
-        self._verified = None
-        super().observe(timing)
+        super().observe(decision, timing)
 
 
 def main() -> int:

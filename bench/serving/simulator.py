@@ -118,10 +118,10 @@ def _step(
     ctx = [len(live[r].prompt) + live[r].pos for r in rids]
     n_ctx = int(sum(ctx))
     remaining = [cap - live[r].pos for r in rids]  # what the engine knows: the token limit
-    plan = policy.step(drafter, StepView(rids, ctx, remaining, [None] * b))
+    decision = policy.step(drafter, StepView(rids, ctx, remaining, [None] * b))
     acc = np.zeros(b, dtype=np.int64)
-    if plan.batch is not None and plan.budget > 0:
-        batch = plan.batch
+    if decision.batch is not None and decision.budget > 0:
+        batch = decision.batch
         offsets = np.asarray(batch.offsets)
         depth = np.asarray(batch.depth)
         targets = np.full(len(depth), -1, dtype=np.int64)
@@ -137,8 +137,8 @@ def _step(
         )
         if hasattr(drafter, "observe"):
             drafter.observe(rids, batch, acc)
-    draft_budget = policy.config.budget if plan.drafted else 0
-    c = truth.predict(b, n_ctx, plan.budget, drafted=plan.drafted, draft_budget=draft_budget)
+    draft_budget = policy.config.budget if decision.drafted else 0
+    c = truth.predict(b, n_ctx, decision.budget, drafted=decision.drafted, draft_budget=draft_budget)
     fwd, drf, oth = float(c.forward), float(c.draft), float(c.other)
     step_s = fwd + drf + oth
     clock += step_s
@@ -150,9 +150,10 @@ def _step(
         if lv.first_token_s < 0:
             lv.first_token_s = clock
     policy.observe(
-        StepTiming(b, plan.budget, b + plan.budget, n_ctx, tuple(acc), drf, fwd, oth, step_s, stall)
+        decision,
+        StepTiming(b, decision.budget, b + decision.budget, n_ctx, tuple(acc), drf, fwd, oth, step_s, stall),
     )
-    log.add(b, plan.budget, step_s, int(acc.sum()), plan.expected_accepted)
+    log.add(b, decision.budget, step_s, int(acc.sum()), decision.expected_accepted)
     return clock
 
 

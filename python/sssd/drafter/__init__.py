@@ -11,7 +11,7 @@ sampled with draft distributions), ``model_calibration.py`` (its online score ta
 (``MergedDrafter``: several drafters' trees merged into one per request) and ``assemble.py`` (best-first
 selection over candidate nodes and packing into a ``DraftBatch``, numpy only).
 
-Imports: ``sssd.datastore``, ``sssd._core``, ``sssd.checks``, ``sssd.fileio`` and numpy; and
+Imports: ``sssd.datastore``, ``sssd._core``, ``sssd.checks``, ``sssd.batch``, ``sssd.fileio`` and numpy; and
 ``sssd.engine`` with torch, for the model drafter: it runs its draft model through the engine's
 ``ModelAdapter`` and KV cache (no forked modeling code), so the engine never imports a drafter (it
 duck-types them). ``model.py`` is imported lazily (``sssd.ModelDrafter``): ``import sssd.drafter`` needs

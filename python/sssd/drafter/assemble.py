@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from sssd.batch import renumbered
 from sssd.drafter.retrieval import DraftBatch
 
 
@@ -34,6 +35,12 @@ class ModelDraftBatch(DraftBatch):
             keep = (self.rank < int(k)) & (self.rank >= 0) | (self.parents < 0)
             dp = dp[keep]
         return ModelDraftBatch(**kw, draft_probs=dp)
+
+    def take(self, keep: np.ndarray) -> ModelDraftBatch:
+        keep = np.asarray(keep, bool)
+        offsets, parents = renumbered(self.offsets, self.parents, keep)
+        dp = self.draft_probs[keep] if self.draft_probs is not None else None
+        return ModelDraftBatch(**self._taken(keep, offsets, parents), draft_probs=dp)
 
 
 class Candidates:

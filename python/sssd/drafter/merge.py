@@ -12,9 +12,11 @@ largest p. Then f(v) = product of p along the path, and the batch is selected be
 budget (global across the batch, or per request), as the retrieval drafter does. Merged trees carry no
 ``draft_probs``: the engine verifies them with plain sampling (lossless for any tree).
 
-``add_request`` / ``extend`` / ``remove_request`` go to every source; ``observe`` hands each source the
-number of its own nodes that lay on the accepted path (the accepted tokens are read from the request's
-context, so call it after ``extend``, as the engine does).
+``add_request`` / ``extend`` / ``remove_request`` go to every source; ``observe`` hands each source its
+batch cut to the nodes the merged trees it is given held (what was verified: nodes a source proposed that
+the merged selection or the engine dropped teach it nothing) and the number of its nodes that lay on the
+accepted path (the accepted tokens are read from the request's context, so call it after ``extend``, as
+the engine does).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from sssd.batch import take_nodes
 from sssd.checks import check_int, int_array
 from sssd.drafter.assemble import Candidates, ModelDraftBatch, build_batch, select
 from sssd.drafter.contexts import RequestContexts
@@ -241,11 +244,32 @@ class MergedDrafter(RequestContexts):
         for src, sb in zip(self.sources, last[1], strict=True):
             if not hasattr(src, "observe"):
                 continue
+            sb = take_nodes(sb, _within(sb, batch))  # its nodes the merged trees held (and so verified)
             counts = np.zeros(len(ids), np.int64)
             for i, path in accepted.items():
                 counts[i] = _matched(sb, i, path)
             src.observe(ids, sb, counts)
         return len(live)
+
+
+def _within(source: Any, merged: Any) -> np.ndarray:
+    """bool ``[N]`` over the nodes of a source's batch: the node's path of tokens is a path of the merged
+    tree (of the same request), so the node was part of what the merged drafter proposed and verified."""
+    off, m_off = np.asarray(source.offsets, np.int64), np.asarray(merged.offsets, np.int64)
+    toks, pars = np.asarray(source.tokens).tolist(), np.asarray(source.parents).tolist()
+    m_toks, m_pars = np.asarray(merged.tokens).tolist(), np.asarray(merged.parents).tolist()
+    keep = np.zeros(len(toks), bool)
+    for t in range(len(off) - 1):
+        a, e, ma = int(off[t]), int(off[t + 1]), int(m_off[t])
+        child = {(m_pars[v], m_toks[v]): v - ma for v in range(ma + 1, int(m_off[t + 1]))}
+        where = {0: 0}  # source node (within the tree) -> merged node
+        keep[a] = True
+        for v in range(a + 1, e):
+            m = where.get(pars[v])
+            m = child.get((m, toks[v])) if m is not None else None
+            if m is not None:
+                where[v - a], keep[v] = m, True
+    return keep
 
 
 def _matched(batch: Any, tree: int, path: list[int]) -> int:

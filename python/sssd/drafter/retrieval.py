@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from sssd import _core
+from sssd.batch import renumbered, tree_sums
 from sssd.checks import check_bool, check_fields, check_int, check_real, int_array
 from sssd.datastore.store import Datastore
 from sssd.drafter.calibration import CalibrationTable, PathLike, default_table
@@ -175,8 +176,7 @@ class DraftBatch:
 
     def expected_accepted(self) -> np.ndarray:
         """[B] sum of f over each tree's draft nodes (expected accepted tokens)."""
-        f = np.where(self.parents >= 0, self.acc_prob.astype(np.float64), 0.0)
-        return np.add.reduceat(f, self.offsets[:-1]) if self.num_trees else np.zeros(0)
+        return tree_sums(np.where(self.parents >= 0, self.acc_prob.astype(np.float64), 0.0), self.offsets)
 
     def truncate(self, k: int) -> DraftBatch:
         """Roots plus the nodes with rank < k (the selection for global budget k)."""
@@ -198,6 +198,27 @@ class DraftBatch:
             request_ids=self.request_ids,
             **kw,
         )
+
+    def take(self, keep: np.ndarray) -> DraftBatch:
+        """The nodes ``keep`` (bool ``[N]``, roots included, closed under parents), e.g. the part of the
+        batch the engine verified: parents renumbered within each tree, ranks renumbered in their order
+        and ``gain`` summed again over the kept ranks."""
+        keep = np.asarray(keep, bool)
+        offsets, parents = renumbered(self.offsets, self.parents, keep)
+        return DraftBatch(**self._taken(keep, offsets, parents))
+
+    def _taken(self, keep: np.ndarray, offsets: np.ndarray, parents: np.ndarray) -> dict[str, Any]:
+        kw: dict[str, Any] = {name: getattr(self, name)[keep] for name in self._PER_NODE}
+        rank = kw["rank"]
+        drafted = rank >= 0
+        by_rank = np.sort(rank[drafted])
+        new_rank = np.full(len(rank), -1, rank.dtype)
+        new_rank[drafted] = np.searchsorted(by_rank, rank[drafted])
+        f_of_rank = np.diff(self.gain)  # [M] f of the node of each rank
+        gain = np.zeros(len(by_rank) + 1)
+        np.cumsum(f_of_rank[by_rank], out=gain[1:])
+        kw.update(offsets=offsets, parents=parents, rank=new_rank, gain=gain)
+        return {**kw, "context_len": self.context_len, "request_ids": self.request_ids}
 
 
 def _tokens(x: Any, what: str) -> np.ndarray:
@@ -365,6 +386,9 @@ class Drafter:
 
     def observe(self, rids: Sequence[int], batch: DraftBatch, accepted_counts: Any) -> int:
         """Feed back verification: accepted_counts[i] draft nodes (bonus excluded) of tree i were accepted.
+
+        ``batch``: the proposed batch or a part of it (``take``): each node in it whose parent was
+        accepted counts as a trial, so the engine passes back only the nodes it verified.
 
         The accepted tokens are read from the request's context, so call it after ``extend`` (trees
         observed earlier are recorded at the next ``extend``). Trees of removed requests are ignored.

@@ -12,7 +12,8 @@ for a step, ``acceptance`` for the per-node greedy / sampling / multi-step rules
 target's distribution), and what keeps faults from stranding the batch (``recovery``, ``policy_guard``).
 
 Imports: torch, transformers, ``sssd.kernels`` (the GPU attention), ``sssd.policy`` (the budget policy
-interface), ``sssd.checks`` (argument checks) and ``sssd.datastore`` (which datastore a model may draft
-from). Never a drafter: drafters are duck-typed, any object with the drafter API works.
+interface), ``sssd.checks`` (argument checks), ``sssd.batch`` (the algebra of a flat batch of draft
+trees) and ``sssd.datastore`` (which datastore a model may draft from). Never a drafter: drafters are
+duck-typed, any object with the drafter API works.
 Importing this package needs torch; ``sssd.Engine`` and ``sssd.EngineConfig`` import it on first use.
 """

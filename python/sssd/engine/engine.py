@@ -14,10 +14,12 @@ commit the accepted nodes' K/V, hand the new tokens to the drafter, retire finis
 
 The budget hook (for the adaptive scheduler): ``EngineConfig.policy`` is any object with
 ``plan(view: StepView) -> int | Sequence[int]`` (global budget or one per request, 0 = plain decoding)
-and ``observe(timing: StepTiming)`` called after every step; see ``sssd.policy.adaptive``. Optional hooks:
-``propose_kwargs(view) -> dict`` (extra ``propose`` arguments, e.g. SLO targets), ``select(view, batch)``
-(the part of the proposed batch to verify) and ``admit(view: AdmitView) -> list[int]`` (which waiting
-requests join the batch now; FIFO without it). Without a policy the engine uses the adaptive
+and ``observe``; see ``sssd.policy.interface``. A deciding policy (``BudgetPolicy``) has
+``decide(view, batch) -> Decision`` (the part of the proposed batch to verify, and what it predicted):
+the step holds the decision and hands it back, ``observe(decision, timing: StepTiming)``. A simple one
+has ``observe(timing)`` and optionally ``select(view, batch)``. Optional hooks: ``propose_kwargs(view)
+-> dict`` (extra ``propose`` arguments, e.g. SLO targets) and ``admit(view: AdmitView) -> list[int]``
+(which waiting requests join the batch now; FIFO without it). Without a policy the engine uses the adaptive
 ``BudgetPolicy`` (``budget_mode="adaptive"``: the goodput-optimal global budget in 0..``budget`` each step)
 or ``FixedBudget(config.budget, config.per_request_budget)``. A request's own ``budget`` (given to
 ``add_request``) overrides the plan for that request. What a policy returns is checked
@@ -47,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from sssd.batch import take_nodes
 from sssd.datastore.compat import check_for_model, drafter_datastores
 from sssd.engine.adapter import ATTENTION_BACKENDS, ModelAdapter
 from sssd.engine.detokenize import DecodeError
@@ -128,12 +131,14 @@ class EngineConfig:
 @dataclass
 class Drafts:
     """A step's trees: per request ``(tree, batch indices of its nodes)`` (a root alone where nothing is
-    drafted), the drafter's batch and the batch positions of the requests it drafted for."""
+    drafted), the drafter's batch cut to the nodes verified (what ``observe`` gets back) and the batch
+    positions of the requests it drafted for."""
 
     budget: Budget
     trees: list  # [B] (sssd.engine.trees.Tree, int64 [n]) per request (None while being built)
     batch: Any = None
     drafting: list[int] = field(default_factory=list)
+    decision: Any = None  # the policy's (sssd.policy.records.Decision), handed back to its observe
 
 
 class Engine(RequestsMixin, RunsMixin):
@@ -239,7 +244,7 @@ class Engine(RequestsMixin, RunsMixin):
             sum(len(e.tokens) for e in events), context_tokens,
             t1 - t0, t2 - t1 - compiling + head_s, t3 - t2 - head_s, prefill_s, head_s,
         )  # fmt: skip
-        self._policy.observe(self.stats.record(record))
+        self._policy.observe(drafts.decision, self.stats.record(record))
         self._count_errors()
         return self._hand_out(unreported + reqs, events, owner)
 
@@ -261,6 +266,8 @@ class Engine(RequestsMixin, RunsMixin):
         for i, t in enumerate(drafts.trees):
             if t is None:
                 drafts.trees[i] = (root_tree(reqs[i].last_token), np.zeros(1, np.int64))
+        if drafts.decision is None:  # nothing proposed, or a budget per request: the policy cut nothing
+            drafts.decision = self._policy.decide(view, None)
         return drafts
 
     def _propose(self, drafts: Drafts, reqs: list[Request], view: StepView, drafting: list[int]) -> None:
@@ -270,10 +277,11 @@ class Engine(RequestsMixin, RunsMixin):
             view = view_of(sub)
         budget = drafts.budget.of_requests(drafting)
         # optional policy hooks: extra propose arguments (SLO targets, the predicted step time) and the
-        # choice of how much of the proposed batch to keep (a batch budget only)
+        # decision of how much of the proposed batch to keep (a batch budget only)
         batch = self._guard.propose(sub, [r.rid for r in sub], budget, self._policy.propose_kwargs(view))
         if batch is not None and drafts.budget.shared:
-            batch = self._policy.select(view, batch)
+            drafts.decision = self._policy.decide(view, batch)
+            batch = drafts.decision.batch
         if batch is None:
             return
         try:
@@ -290,7 +298,8 @@ class Engine(RequestsMixin, RunsMixin):
                 drafts.trees[i] = checked.trees[j]
         if checked.cut:
             self._guard.over_budget(checked.cut, checked.proposed, budget)
-        drafts.batch, drafts.drafting = batch, drafting
+        # the drafter learns from what was verified only: nodes cut here were never scored (take_nodes)
+        drafts.batch, drafts.drafting = take_nodes(batch, checked.verified), drafting
 
     def _advance(self, reqs: list[Request], drafts: Drafts, paths: list, next_tokens: list[int]) -> list:
         """Append each request's accepted tokens and the model's own next token, tell the drafter, and

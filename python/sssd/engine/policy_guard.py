@@ -6,9 +6,13 @@ returns, the step goes on:
 - ``plan(view)`` must return an int >= 0 or one per request; anything else (3.5, NaN, None, a list of
   the wrong length, a negative budget, an exception) makes that step a plain decoding step (budget 0);
 - ``admit(view)`` must return ids of waiting requests; anything else admits first come, first served;
-- ``propose_kwargs(view)`` must return a dict (else no extra arguments); ``select(view, batch)`` a batch
-  (else the batch as proposed, which the engine still cuts to the planned budget);
-- ``observe(timing)`` and ``remove_request(rid)`` only inform the policy: their errors are counted.
+- ``propose_kwargs(view)`` must return a dict (else no extra arguments);
+- ``decide(view, batch)`` (a deciding policy) must return a ``Decision`` with a ``batch`` (else the batch
+  as proposed, which the engine still cuts to the planned budget); a simple policy's optional
+  ``select(view, batch)`` must return a batch (same fallback). Either way the engine gets a
+  ``Decision``, holds it through the step and hands it back to ``observe``;
+- ``observe(decision, timing)`` (a deciding policy; a simple one: ``observe(timing)``) and
+  ``remove_request(rid)`` only inform the policy: their errors are counted.
 
 Every such error is counted in ``EngineStats.policy_errors`` and logged once per hook on the
 ``sssd.engine`` logger, naming the policy. ``KeyboardInterrupt`` is not caught: it is the user's.
@@ -23,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from sssd.policy.interface import AdmitView, StepView, fifo
+from sssd.policy.records import Decision
 
 log = logging.getLogger("sssd.engine")
 
@@ -118,6 +123,18 @@ class PolicyGuard:
             ok = False
         return dict(kw) if ok else {}
 
+    def decide(self, view: StepView, batch: Any) -> Decision:
+        """The step's decision for the proposed ``batch`` (None: nothing proposed): a deciding policy's
+        ``decide``, else its ``select`` (if any) as a ``Decision``; the batch as proposed on failure."""
+        if not self.has("decide"):
+            return _as_decision(view, self.select(view, batch) if batch is not None else None)
+        fallback = "the batch is verified as proposed, cut to the planned budget"
+        ok, out = self._call("decide", view, batch, fallback=fallback)
+        if ok and not hasattr(out, "batch"):
+            self._failed("decide", f"returned {out!r:.60}; expected a Decision", fallback)
+            ok = False
+        return out if ok else _as_decision(view, batch)
+
     def select(self, view: StepView, batch: Any) -> Any:
         if not self.has("select"):
             return batch
@@ -128,9 +145,21 @@ class PolicyGuard:
             ok = False
         return out if ok else batch
 
-    def observe(self, timing: Any) -> None:
-        self._call("observe", timing, fallback="the step is not fed back")
+    def observe(self, decision: Decision, timing: Any) -> None:
+        """The measured step, with the step's decision for a deciding policy."""
+        args = (decision, timing) if self.has("decide") else (timing,)
+        self._call("observe", *args, fallback="the step is not fed back")
 
     def remove_request(self, rid: int) -> None:
         if self.has("remove_request"):
             self._call("remove_request", rid, fallback="its state may stay in the policy")
+
+
+def _as_decision(view: StepView, batch: Any) -> Decision:
+    """A decision that verifies ``batch`` as it is (None: a plain step), predicting nothing. The batch is
+    not trusted yet (``sssd.engine.trees`` checks it next): its size counts only when it has one."""
+    try:
+        k = max(int(len(batch.tokens) - len(batch.offsets) + 1), 0)
+    except Exception:  # None, or anything a drafter returned
+        k = 0
+    return Decision(tuple(view.request_ids), batch, k, 0.0, 0.0, batch is not None)

@@ -77,6 +77,7 @@ class StepRecord:
         return StepTiming(
             b, self.budget.as_plan(), b + sum(self.drafted), self.context_tokens, tuple(self.accepted),
             self.draft_s, self.forward_s, self.verify_s, self.step_s, self.prefill_s,
+            tuple(r.rid for r in self.requests),
         )  # fmt: skip
 
 

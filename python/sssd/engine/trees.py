@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from sssd.batch import tree_index
+
 
 @dataclass(frozen=True)
 class Tree:
@@ -69,6 +71,7 @@ class CheckedDrafts:
 
     trees: list[tuple[DraftTree, np.ndarray] | None]
     errors: list[str | None]
+    verified: np.ndarray  # [N] bool: the batch's nodes in ``trees`` and the roots of the refused ones
     cut: int  # drafted nodes dropped to fit the budget (0 for a drafter that honours it)
     proposed: int  # drafted (non-root) nodes the batch held
 
@@ -116,7 +119,7 @@ def check_drafts(
             f"draft batch offsets {offsets[:8].tolist()}{'...' if b > 7 else ''} do not split {n} nodes "
             f"into {b} trees"
         )
-    tree_of = np.repeat(np.arange(b), sizes)
+    tree_of = tree_index(offsets)
     errors = _node_errors(
         tokens, parents, depth, offsets, tree_of, np.asarray(last_tokens, np.int64), vocab_size
     )
@@ -133,6 +136,8 @@ def check_drafts(
     cut = before - sum(len(k) - 1 for k in kept if k is not None)
     q_rows = _DraftProbs(batch, n, vocab_size) if any(sampling) else None
     trees: list[tuple[DraftTree, np.ndarray] | None] = []
+    verified = np.zeros(n, bool)
+    verified[offsets[:-1]] = True
     for i, k in enumerate(kept):
         if k is None:
             trees.append(None)
@@ -153,7 +158,8 @@ def check_drafts(
                 trees.append(None)
                 continue
         trees.append((DraftTree(t, p, d, q), idx))
-    return CheckedDrafts(trees, errors, cut, n - b)
+        verified[idx] = True
+    return CheckedDrafts(trees, errors, verified, cut, n - b)
 
 
 def _node_errors(tokens, parents, depth, offsets, tree_of, want, vocab_size: int) -> list[str | None]:

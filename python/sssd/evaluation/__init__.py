@@ -5,8 +5,8 @@ simulator that replays pairs through any drafter with requests joining and leavi
 baseline drafters such as prompt lookup (``baselines``) and calibration fitting and cross-fitting
 (``fitting``) used by ``sssd simulate``, ``sssd calibrate`` and the benchmarks.
 
-Imports: ``sssd.drafter`` (its DraftBatch and the drafters evaluated), ``sssd.fileio`` (reading JSON
-lines) and numpy. No model, no torch.
+Imports: ``sssd.drafter`` (its DraftBatch and the drafters evaluated), ``sssd.batch`` (the request
+index of each node), ``sssd.fileio`` (reading JSON lines) and numpy. No model, no torch.
 """
 
 from sssd.evaluation.simulator import SimulationResult, simulate

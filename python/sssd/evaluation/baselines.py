@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from sssd.batch import tree_index
 from sssd.drafter.retrieval import DraftBatch, UnknownRequestError
 
 
@@ -222,7 +223,7 @@ def chain_batch(
     np.cumsum(sizes, out=offsets[1:])
     n = int(offsets[-1])
     tokens = np.concatenate(pieces).astype(np.int32, copy=False) if pieces else np.zeros(0, np.int32)
-    tree = np.repeat(np.arange(b), sizes)
+    tree = tree_index(offsets)
     depth = (np.arange(n, dtype=np.int64) - offsets[:-1][tree]).astype(np.int32)
     root = depth == 0
     probs = np.where(root, 1.0, node_prob).astype(np.float32)

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from sssd.batch import tree_index
 from sssd.evaluation.pairs import Pair
 
 ALLOCATIONS = ("per-request", "global")
@@ -104,7 +105,7 @@ def accepted_lengths(
     matched[v] = v and all its ancestors equal the targets (roots are matched).
     """
     n = tokens.shape[0]
-    tree = np.repeat(np.arange(offsets.shape[0] - 1), np.diff(offsets))
+    tree = tree_index(offsets)
     glob_parent = np.where(parents >= 0, offsets[:-1][tree] + parents, -1)
     nonroot = parents >= 0
     if np.any(glob_parent[nonroot] >= np.arange(n)[nonroot]):
@@ -131,7 +132,7 @@ class _Replay:
         self.flat = np.concatenate([p.output_ids for p in pairs]).astype(np.int64) if pairs else None
 
     def targets(self, pair_idx: np.ndarray, pos: np.ndarray, offsets: np.ndarray, depth: np.ndarray):
-        tree = np.repeat(np.arange(pair_idx.size), np.diff(offsets))
+        tree = tree_index(offsets)
         p = pair_idx[tree]
         at = pos[tree] + depth.astype(np.int64) - 1
         ok = (depth > 0) & (at < self.out_len[p])

@@ -192,3 +192,42 @@ def _batch_floor(
     sizes = np.arange(1, full + 1)
     rps = np.array([n / float(cost.predict(n, int(n * ctx), n * k1, drafted=k1 > 0).total) for n in sizes])
     return int(sizes[np.argmax(rps >= (1.0 - tol) * rps[-1])])
+
+
+def admit(
+    view, ledger, cost: CostModel, config, nodes_per_request: float, tokens_per_step: float
+) -> list[int]:
+    """The budget policy's admission (``BudgetPolicy.admit``): ids of waiting requests to admit before the
+    next step, in order (at most ``view.free_slots``). FIFO without TPOT targets (or with
+    ``config.slo_admission`` off); with them :func:`admit_with_slo`, from what ``ledger``
+    (``sssd.policy.requests.RequestLedger``) knows of the running requests. Counts in ``ledger.deferred``
+    how often each request was held back (``config.slo_max_defer`` of them and it is admitted anyway)."""
+    rids = list(view.running.request_ids)
+    has_targets = any(r in ledger.slo for r in (*rids, *view.waiting_ids))
+    if not (config.slo_admission and view.free_slots > 0 and has_targets):
+        return list(view.waiting_ids[: max(view.free_slots, 0)])  # first come, first served
+    targets, prio = ledger.targets(rids, catch_up=False)
+    stats = [ledger.stats(r) for r in rids]
+    rate = np.array([(s.tokens + 4 * tokens_per_step) / (s.steps + 4) for s in stats])
+    tokens = np.array([s.tokens for s in stats])
+    run = RunningState(
+        targets, prio, np.array([s.time_s for s in stats]), tokens,
+        ledger.expected_remaining(tokens, view.running.remaining), rate,
+        np.asarray(view.running.context_lens, dtype=np.int64),
+    )  # fmt: skip
+    w_left = ledger.expected_remaining(np.zeros(len(view.waiting_ids)), view.waiting_remaining)
+    slo = ledger.slo
+    waiting = [
+        Candidate(r, int(n), float(m), slo[r].priority if r in slo else 0.0)
+        for r, n, m in zip(view.waiting_ids, view.prompt_lens, w_left, strict=True)
+    ]
+    force = {r for r in view.waiting_ids if ledger.deferred.get(r, 0) >= config.slo_max_defer}
+    chosen = admit_with_slo(
+        run, waiting, {r: slo[r].tpot_s for r in view.waiting_ids if r in slo}, view.free_slots, cost,
+        nodes_per_request=nodes_per_request, default_rate=tokens_per_step,
+        margin=config.slo_admit_margin, hold_unreachable=config.slo_admit_hold,
+        tolerance=config.slo_admit_tolerance, force=force,
+    )  # fmt: skip
+    # counts of the requests waiting now only (one that left the queue unadmitted is forgotten)
+    ledger.deferred = {r: ledger.deferred.get(r, 0) + 1 for r in view.waiting_ids if r not in chosen}
+    return chosen

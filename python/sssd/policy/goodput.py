@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# accumulated_probs (f(v)) lives with the batch algebra; importing it from here keeps working
+from sssd.batch import accumulated_probs, take_nodes, tree_index, tree_sums
 from sssd.policy.cost_model import CostModel
 
 
@@ -27,23 +29,6 @@ class BudgetChoice:
     predicted_s: float  # predicted step time at the chosen budget
     goodput: np.ndarray  # [K+1] expected tokens per second for each candidate budget
     step_s: np.ndarray  # [K+1] predicted step time for each candidate budget
-
-
-def accumulated_probs(batch) -> np.ndarray:
-    """f(v) = product of p along the path root..v, per node [N] float64 (1.0 for roots)."""
-    parents = np.asarray(batch.parents)
-    probs = np.asarray(batch.probs, dtype=np.float64)
-    offsets = np.asarray(batch.offsets)
-    f = np.ones(len(parents), dtype=np.float64)
-    # Parents precede children within a tree, so one pass in node order suffices; depth-by-depth
-    # vectorization keeps it free of Python loops over nodes.
-    depth = np.asarray(batch.depth)
-    tree = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
-    glob_parent = np.where(parents >= 0, parents + offsets[tree], -1)
-    for d in range(1, int(depth.max(initial=0)) + 1):
-        sel = np.flatnonzero(depth == d)
-        f[sel] = f[glob_parent[sel]] * probs[sel]
-    return f
 
 
 def choose_budget(
@@ -128,7 +113,7 @@ def request_gain_table(batch, f: np.ndarray | None = None) -> np.ndarray:
     offsets = np.asarray(batch.offsets)
     b = len(offsets) - 1
     k_total = len(batch.gain) - 1
-    tree = np.repeat(np.arange(b), np.diff(offsets))
+    tree = tree_index(offsets)
     table = np.zeros((k_total + 1, b), dtype=np.float64)
     nodes = np.flatnonzero(rank >= 0)
     np.add.at(table, (rank[nodes] + 1, tree[nodes]), f[nodes])
@@ -146,7 +131,7 @@ def candidate_tree_pairs(batch, context_lens) -> np.ndarray:
     ctx = np.asarray(context_lens, dtype=np.int64)
     if ctx.shape != (b,):
         raise ValueError(f"context_lens must have one entry per request ({b}), got {ctx.shape}")
-    tree = np.repeat(np.arange(b), np.diff(offsets))
+    tree = tree_index(offsets)
     counts = np.zeros((len(batch.gain), b), dtype=np.int64)
     nodes = np.flatnonzero((rank >= 0) & (rank < len(batch.gain) - 1))
     np.add.at(counts, (rank[nodes] + 1, tree[nodes]), 1)
@@ -168,7 +153,7 @@ def expected_head_levels(batch, scale=None) -> np.ndarray:
     offsets = np.asarray(batch.offsets)
     k_total = len(batch.gain) - 1
     f = accumulated_probs(batch)
-    tree = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+    tree = tree_index(offsets)
     if scale is not None:
         f = f * np.asarray(scale, dtype=np.float64)[tree]
     depth = np.asarray(batch.depth)
@@ -227,7 +212,7 @@ def scale_by_request(batch, scale: np.ndarray):
     scale = np.asarray(scale, dtype=np.float64)
     if scale.shape != (len(offsets) - 1,):
         raise ValueError(f"scale must have one entry per request ({len(offsets) - 1}), got {scale.shape}")
-    tree = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+    tree = tree_index(offsets)
     value = np.minimum(f * scale[tree], 1.0)
     nodes = np.flatnonzero(rank >= 0)
     nodes = nodes[np.argsort(rank[nodes], kind="stable")]  # the drafter's order: best first
@@ -241,11 +226,8 @@ def scale_by_request(batch, scale: np.ndarray):
 def kept_per_request(batch) -> np.ndarray:
     """Σ f(v) over each request's non-root nodes of a (truncated) batch: [B] float64, the drafter's own
     expected accepted tokens per request."""
-    f = accumulated_probs(batch)
-    offsets = np.asarray(batch.offsets)
-    tree = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
-    nonroot = np.asarray(batch.parents) >= 0
-    return np.bincount(tree[nonroot], weights=f[nonroot], minlength=len(offsets) - 1)
+    f = np.where(np.asarray(batch.parents) >= 0, accumulated_probs(batch), 0.0)
+    return tree_sums(f, batch.offsets)
 
 
 def cap_per_request(batch, cap: int):
@@ -255,7 +237,7 @@ def cap_per_request(batch, cap: int):
         raise ValueError(f"per-request cap must be >= 0, got {cap}")
     rank = np.asarray(batch.rank)
     offsets = np.asarray(batch.offsets)
-    tree = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+    tree = tree_index(offsets)
     key = np.full(len(rank), np.inf)
     nodes = np.flatnonzero(rank >= 0)
     nodes = nodes[np.argsort(rank[nodes], kind="stable")]
@@ -288,7 +270,7 @@ def slo_first(batch, step_s: float, targets: np.ndarray, *, slack_s: float = 0.0
     prio = np.zeros(b) if priority is None else np.asarray(priority, dtype=np.float64)
     if targets.shape != (b,) or prio.shape != (b,):
         raise ValueError(f"targets and priority must have one entry per request ({b})")
-    tree = np.repeat(np.arange(b), np.diff(offsets))
+    tree = tree_index(offsets)
     queues = []
     for i in range(b):
         nodes = np.flatnonzero((tree == i) & (rank >= 0))
@@ -329,22 +311,5 @@ def truncate_batch(batch, k: int):
     k = int(k)
     if k < 0:
         raise ValueError(f"truncate: k must be >= 0, got {k}")
-    rank = np.asarray(batch.rank)
-    offsets = np.asarray(batch.offsets)
-    n = len(rank)
-    b = len(offsets) - 1
-    idx = np.flatnonzero(rank < k)  # roots have rank -1
-    tree = np.repeat(np.arange(b), np.diff(offsets))
-    new_offsets = np.zeros(b + 1, dtype=np.int64)
-    np.cumsum(np.bincount(tree[idx], minlength=b), out=new_offsets[1:])
-    local = np.full(n, -1, dtype=np.int64)
-    local[idx] = np.arange(len(idx)) - new_offsets[tree[idx]]
-    parents = np.asarray(batch.parents)[idx]
-    glob = np.where(parents >= 0, parents + offsets[tree[idx]], 0)
-    new_parents = np.where(parents >= 0, local[glob], -1).astype(np.int32)
-    changes = {"parents": new_parents, "offsets": new_offsets, "gain": np.asarray(batch.gain)[: k + 1]}
-    for f in dataclasses.fields(batch):
-        v = getattr(batch, f.name)
-        if f.name not in changes and isinstance(v, np.ndarray) and v.ndim >= 1 and v.shape[0] == n:
-            changes[f.name] = v[idx]
-    return dataclasses.replace(batch, **changes)
+    out = take_nodes(batch, np.asarray(batch.rank) < k)  # roots have rank -1
+    return dataclasses.replace(out, gain=np.asarray(batch.gain)[: k + 1])

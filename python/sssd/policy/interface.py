@@ -3,17 +3,21 @@ each step (``StepTiming``), the protocol (``PolicyHook``), the minimal policy (`
 minimal batch a drafter returns (``PlainDraftBatch``).
 
 A policy is any object with ``plan(view: StepView)`` (the step's budget: a global int or one per
-request; 0 = plain decoding) and ``observe(timing: StepTiming)``; optional hooks are
-``select(view, batch)`` (truncate the proposed batch), ``propose_kwargs(view)`` (extra drafter
-arguments), ``admit(view: AdmitView)`` (who joins the batch) and ``remove_request(rid)``.
-``sssd.policy.adaptive.BudgetPolicy`` is the adaptive one (the engine's default).
+request; 0 = plain decoding) and ``observe``. A *deciding* policy (``DecidingPolicy``; the adaptive
+``sssd.policy.adaptive.BudgetPolicy``, the engine's default) also has ``decide(view, batch) ->
+Decision`` (``sssd.policy.records``: the part of the proposed batch to verify, or a plain step for
+``batch=None``, and what it predicted), and learns with ``observe(decision, timing: StepTiming)``: the
+engine holds the decision through the step, so the policy hands nothing over between its calls. A
+simple policy (``PolicyHook``, e.g. ``FixedBudget``) learns with ``observe(timing)`` and may cut the
+proposed batch with ``select(view, batch)``. Optional hooks of both: ``propose_kwargs(view)`` (extra
+drafter arguments), ``admit(view: AdmitView)`` (who joins the batch) and ``remove_request(rid)``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -58,6 +62,7 @@ class StepTiming:
     verify_time: float  # verification + KV commit + bookkeeping
     step_time: float
     prefill_time: float = 0.0  # admitting (prefilling) requests just before this step; running ones wait
+    request_ids: tuple[int, ...] = ()  # the batch, in the order of ``accepted`` (empty: not given)
 
 
 @dataclass(frozen=True)
@@ -76,11 +81,21 @@ class PlainDraftBatch:
 
 
 class PolicyHook(Protocol):
-    """What the engine needs of a budget policy (``BudgetPolicy`` below is the full one)."""
+    """What the engine needs of a simple budget policy."""
 
     def plan(self, view: StepView) -> int | Sequence[int]: ...
 
     def observe(self, timing: StepTiming) -> None: ...
+
+
+class DecidingPolicy(Protocol):
+    """A policy whose decision for a step is a value (``sssd.policy.adaptive.BudgetPolicy``)."""
+
+    def plan(self, view: StepView) -> int | Sequence[int]: ...
+
+    def decide(self, view: StepView, batch: Any) -> Any: ...  # a sssd.policy.records.Decision
+
+    def observe(self, decision: Any, timing: StepTiming) -> None: ...
 
 
 # Draft nodes per step when nobody says: EngineConfig.budget, FixedBudget and BudgetConfig (mode "fixed":

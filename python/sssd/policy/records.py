@@ -1,10 +1,12 @@
-"""What the budget policy records: the plan of a step (``StepPlan``), a request's TPOT target
-(``SLOTarget``), the acceptance check (``AcceptanceStats``) and each step as planned and measured
+"""What the budget policy decides and records: its decision for a step (``Decision``), a request's TPOT
+target (``SLOTarget``), the acceptance check (``AcceptanceStats``) and each step as decided and measured
 (``PolicyStep``, the policy's ``trace``). Plain data; ``sssd.policy.adaptive`` re-exports them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from sssd.policy.goodput import BudgetChoice
 
@@ -16,15 +18,21 @@ class SLOTarget:
 
 
 @dataclass(frozen=True)
-class StepPlan:
-    """What the policy decided for one step. ``batch`` is None when no propose call was made."""
+class Decision:
+    """What the policy decided for one step (``BudgetPolicy.decide``), and all that its ``observe`` needs
+    to learn from the step: the policy keeps nothing else between the two. ``batch`` is None when no
+    propose call was made (a plain decoding step)."""
 
-    batch: object | None  # the truncated DraftBatch (or None: plain decoding)
-    budget: int
+    request_ids: tuple[int, ...]  # the requests decided for, in batch order
+    batch: object | None  # the batch to verify (the proposed one cut to ``budget``), or None
+    budget: int  # draft nodes kept (0: plain decoding)
     expected_accepted: float  # corrected Σf of the kept nodes
-    predicted_s: float
-    drafted: bool
-    choice: BudgetChoice | None = None
+    predicted_s: float  # predicted step time at ``budget``
+    drafted: bool  # the drafter was called
+    choice: BudgetChoice | None = None  # every candidate budget's prediction (adaptive choices only)
+    tree_pairs: float = 0.0  # tree attention pairs of the kept trees (a cost-model feature)
+    # [B] the drafter's own Σf of each request's kept nodes (the acceptance check); empty when not drafted
+    predicted_per_request: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
 
 @dataclass
