@@ -13,12 +13,16 @@ ARMS = ("plain", "sssd", "sssd+recycled")
 
 def _prompts(tok, n_dev: int, n_bundled: int | None = None) -> list[tuple[str, str, list[int]]]:
     """(kind, id, prompt ids): the bundled prompts (all, or the first n_bundled with the kinds in turn),
-    then n_dev development prompts."""
+    then n_dev development prompts that are not among them. A prompt run twice would draft its second run
+    from its first output (the drafter's pool of recent outputs), so each prompt runs once: the bundled
+    chat and code prompts are the development set's first MT-Bench and HumanEval items."""
     from sssd.cli.demo import bundled_items
     from sssd.models.loading import chat_ids
 
     out = [(it["kind"], it["id"], chat_ids(tok, it["text"])) for it in bundled_items(n_bundled)]
-    out += [(f"dev-{r['subset']}", r["id"], list(r["prompt_ids"])) for r in corpora.dev_rows(n_dev)]
+    seen = {p[1] for p in out}
+    dev = [r for r in corpora.dev_rows(n_dev + len(seen)) if r["id"] not in seen][:n_dev]
+    out += [(f"dev-{r['subset']}", r["id"], list(r["prompt_ids"])) for r in dev]
     return out
 
 
