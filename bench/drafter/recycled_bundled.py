@@ -28,7 +28,7 @@ import corpora
 def bundled_pairs(n_dev: int, new: int) -> list[Pair]:
     from sssd.models.local import cache_dir
 
-    path = cache_dir() / "bench" / f"bundled_pairs_f32_{n_dev}_{new}.jsonl"
+    path = cache_dir() / "bench" / f"bundled_pairs_f32_once_{n_dev}_{new}.jsonl"  # each prompt once
     if not path.is_file():
         _generate(path, n_dev, new)
     rows = [json.loads(line) for line in path.read_text().splitlines()]
