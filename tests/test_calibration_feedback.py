@@ -49,7 +49,7 @@ def _trials(trees, paths, reqs) -> int:
     """Verified nodes whose parent lay on the accepted path, of the requests that go on (one that reaches
     its length in the step does not pass its tokens to the drafter, which then records nothing for it)."""
     n = 0
-    for (tree, _), path, req in zip(trees, paths, reqs, strict=True):
+    for tree, path, req in zip(trees, paths, reqs, strict=True):
         if len(path) < req.remaining:
             n += int(np.isin(tree.parents[1:], path).sum())
     return n

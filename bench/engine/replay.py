@@ -46,7 +46,7 @@ class Replay:
     def _verify(self, output, trees, reqs, top_k=None):
         paths, bonus = self._real(output, trees, reqs, top_k)  # the real walk: its head calls and their time
         out_paths, out_bonus = [], []
-        for (tree, _), req, path, token in zip(trees, reqs, paths, bonus, strict=True):
+        for tree, req, path, token in zip(trees, reqs, paths, bonus, strict=True):
             ref = self.references.get(tuple(int(t) for t in req.prompt))
             if ref is None:
                 raise KeyError(f"replay: no reference for the prompt of request {req.rid}")
