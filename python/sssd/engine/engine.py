@@ -181,6 +181,9 @@ class Engine(RequestsMixin, RunsMixin):
         self.default_eos = eos_defaults(model, tokenizer)
         self.stats = EngineStats(history=deque(maxlen=self.config.history_size))
         self._guard = DrafterGuard(drafter) if drafter is not None else None
+        # the step's verification, ``verify_step``'s signature: a seam for benchmarks only, which replace it
+        # on one engine to replay a reference text (bench/engine/replay.py); not part of the public API
+        self._verify = verify_step
         self._inbox: deque[Request] = deque()  # added by any thread; the next step moves them to _waiting
         self._waiting: deque[Request] = deque()
         self._active: list[Request] = []  # index = cache slot
@@ -230,7 +233,7 @@ class Engine(RequestsMixin, RunsMixin):
         self.adapter.synchronize()  # GPU: the forward's time, not its launch time (verify waits anyway)
         t2 = time.perf_counter()
         top_k = TopKRecorder.for_drafter(self.drafter) if self._guard is not None else None
-        paths, next_tokens = verify_step(output, drafts.trees, reqs, top_k)
+        paths, next_tokens = self._verify(output, drafts.trees, reqs, top_k)
         self.adapter.commit(paths)
         events = self._advance(reqs, drafts, paths, next_tokens)
         if top_k is not None:  # the verifier's own top-k, recycled (sssd.engine.recycle)
