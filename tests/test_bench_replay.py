@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import sssd.engine.engine as engine_module
 import torch
 from sssd.engine.engine import Engine, EngineConfig
 from sssd.engine.trees import Tree
@@ -39,21 +38,25 @@ def test_every_budget_writes_the_reference_and_the_steps_where_the_model_disagre
     prompts = [rng.integers(2, VOCAB, size=int(rng.integers(3, 12))).tolist() for _ in range(3)]
     refs = {tuple(p): rng.integers(2, VOCAB, size=16).tolist() for p in prompts}  # not the model's text
     truth = {i: p + refs[tuple(p)] for i, p in enumerate(prompts)}
-    real = engine_module.verify_step
     for budget in (0, 4, 16):
         drafter = OracleDrafter(VOCAB, truth, p_wrong=0.3, seed=1) if budget else None
         engine = Engine(tiny_model(), drafter=drafter, config=EngineConfig(budget=budget, max_batch_size=2))
-        with Replay(refs) as replay:
+        own = engine._verify
+        with Replay(refs).on(engine) as replay:
             got = [r.tokens for r in engine.generate(prompts, max_new_tokens=16, eos_token_ids=())]
+            with pytest.raises(RuntimeError, match="already on"):
+                with replay.on(engine):
+                    pass
         assert got == [refs[tuple(p)] for p in prompts], f"budget {budget}"
         assert 0 < replay.moved <= replay.steps
         if budget:
             assert engine.stats.accepted > 0  # the drafter's copies of the reference were accepted
-        assert engine_module.verify_step is real  # restored on leaving
+        assert engine._verify is own  # restored on leaving
+    engine = Engine(tiny_model(), config=EngineConfig(budget=0))
     with pytest.raises(KeyError, match="no reference"):
-        with Replay({}):
-            Engine(tiny_model(), config=EngineConfig(budget=0)).generate([prompts[0]], max_new_tokens=2)
-    assert engine_module.verify_step is real
+        with Replay({}).on(engine):
+            engine.generate([prompts[0]], max_new_tokens=2)
+    assert engine._verify is own
 
 
 def test_replaying_the_models_own_text_changes_nothing():
@@ -67,6 +70,6 @@ def test_replaying_the_models_own_text_changes_nothing():
         drafter=OracleDrafter(VOCAB, truth, p_wrong=0.3, seed=2),
         config=EngineConfig(budget=8, max_batch_size=2),
     )
-    with Replay({tuple(p): w for p, w in zip(prompts, want, strict=True)}) as replay:
+    with Replay({tuple(p): w for p, w in zip(prompts, want, strict=True)}).on(engine) as replay:
         got = [r.tokens for r in engine.generate(prompts, max_new_tokens=12, eos_token_ids=())]
     assert got == want and replay.moved == 0 and replay.steps > 0

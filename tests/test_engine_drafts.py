@@ -143,10 +143,11 @@ def test_a_bad_q_row_refuses_only_its_own_tree():
     b.draft_probs = q * 3.0  # unnormalized rows are normalized
     got = check_drafts(b, [4, 6], VOCAB, [8, 8], 16, [True, True])
     assert got.trees[0] is None and "not finite" in got.errors[0]
-    tree, kept = got.trees[1]
-    assert kept.tolist() == [3, 4, 5] and np.allclose(tree.q[1:].sum(axis=1), 1.0)
+    tree = got.trees[1]
+    assert np.flatnonzero(got.verified).tolist() == [0, 3, 4, 5]  # tree 0's root, tree 1 whole
+    assert np.allclose(tree.q[1:].sum(axis=1), 1.0)
     greedy = check_drafts(b, [4, 6], VOCAB, [8, 8], 16, [False, True])
-    assert greedy.trees[0] is not None and greedy.trees[0][0].q is None
+    assert greedy.trees[0] is not None and greedy.trees[0].q is None
 
 
 def test_budget_cuts_are_best_first_and_closed_under_parents():
@@ -154,30 +155,30 @@ def test_budget_cuts_are_best_first_and_closed_under_parents():
     tok, par = [7, 1, 2, 3, 4, 5], [-1, 0, 1, 2, 0, 0]
     acc = np.array([1.0, 0.9, 0.8, 0.1, 0.5, 0.85])
     got = check_drafts(_batch([(tok, par)], acc_prob=acc), [7], VOCAB, [9], 3, [False])
-    assert got.trees[0][1].tolist() == [0, 1, 2, 5] and got.cut == 2
+    assert np.flatnonzero(got.verified).tolist() == [0, 1, 2, 5] and got.cut == 2
+    assert got.trees[0].tokens.tolist() == [7, 1, 2, 5] and got.trees[0].parents.tolist() == [-1, 0, 1, 0]
     # without scores: node order (a prefix, closed since parents come first)
     got = check_drafts(_batch([(tok, par)]), [7], VOCAB, [9], 3, [False])
-    assert got.trees[0][1].tolist() == [0, 1, 2, 3]
+    assert np.flatnonzero(got.verified).tolist() == [0, 1, 2, 3]
     # a child scored above its parent is dropped with it: fewer nodes, never an orphan
     bad = np.array([1.0, 0.1, 0.9, 0.95, 0.2, 0.2])
     got = check_drafts(_batch([(tok, par)], acc_prob=bad), [7], VOCAB, [9], 2, [False])
-    tree = got.trees[0][0]
-    assert got.trees[0][1].tolist() == [0] and tree.parents.tolist() == [-1]
+    tree = got.trees[0]
+    assert np.flatnonzero(got.verified).tolist() == [0] and tree.parents.tolist() == [-1]
     # non-finite scores: node order
     nan = acc.copy()
     nan[2] = np.nan
-    assert check_drafts(_batch([(tok, par)], acc_prob=nan), [7], VOCAB, [9], 2, [False]).trees[0][
-        1
-    ].tolist() == [0, 1, 2]
+    got = check_drafts(_batch([(tok, par)], acc_prob=nan), [7], VOCAB, [9], 2, [False])
+    assert np.flatnonzero(got.verified).tolist() == [0, 1, 2]
 
 
 def test_a_global_budget_is_shared_across_trees_and_a_per_request_budget_per_tree():
     fan = ([3, *range(10, 20)], [-1] + [0] * 10)
     b = _batch([fan, fan, fan])
     got = check_drafts(b, [3, 3, 3], VOCAB, [9] * 3, 7, [False] * 3)
-    assert [len(t[0].tokens) - 1 for t in got.trees] == [3, 2, 2]  # round robin in node order
+    assert [len(t.tokens) - 1 for t in got.trees] == [3, 2, 2]  # round robin in node order
     got = check_drafts(b, [3, 3, 3], VOCAB, [9] * 3, [1, 0, 4], [False] * 3)
-    assert [len(t[0].tokens) - 1 for t in got.trees] == [1, 0, 4] and got.cut == 30 - 5
+    assert [len(t.tokens) - 1 for t in got.trees] == [1, 0, 4] and got.cut == 30 - 5
 
 
 class HugeDrafter(ToyDrafter):
@@ -274,11 +275,13 @@ def test_any_batch_gives_valid_trees_within_the_budget_or_a_clear_refusal(case):
     except MalformedDraftError:
         return
     total = 0
-    for i, entry in enumerate(got.trees):
-        if entry is None:
+    offsets = np.asarray(batch.offsets)
+    for i, tree in enumerate(got.trees):
+        kept = offsets[i] + np.flatnonzero(got.verified[offsets[i] : offsets[i + 1]])  # its batch nodes
+        if tree is None:
             assert isinstance(got.errors[i], str) and got.errors[i]
+            assert kept.tolist() == [offsets[i]]  # the root alone: what a plain step scores
             continue
-        tree, kept = entry
         n = len(tree.tokens)
         total += n - 1
         assert tree.tokens[0] == last[i] and tree.parents[0] == -1 and tree.depth[0] == 0

@@ -113,7 +113,7 @@ def _step(seed: int):
             tokens.append(tok)
             parents.append(p)
             depth.append(depth[p] + 1)
-        trees.append((Tree(np.array(tokens), np.array(parents), np.array(depth)), np.arange(n)))
+        trees.append(Tree(np.array(tokens), np.array(parents), np.array(depth)))
         start += n
     reqs = [SimpleNamespace(params=SimpleNamespace(greedy=True)) for _ in trees]
     return hidden, head, trees, reqs
@@ -130,7 +130,7 @@ def test_paths_and_bonus_tokens_do_not_depend_on_how_the_head_is_asked(seed):
         calls.append(out.head_calls)
     assert results[0] == results[1] == results[2]
     levels = max(len(p) for p in results[0][0])  # head calls of the walk one level at a time
-    assert levels >= min(4, max(len(t.tokens) for t, _ in trees))  # the chain is accepted
+    assert levels >= min(4, max(len(t.tokens) for t in trees))  # the chain is accepted
     assert calls[0] == levels
     assert calls[1] <= levels  # one level at a time, unless the rest fits the same power of two of rows
     assert calls[2] == 1  # every row asked for at the first level

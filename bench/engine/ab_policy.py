@@ -139,7 +139,7 @@ def main() -> int:
         path = Path(tmp) / "d.sssd"
         sssd.build_datastore(sample_corpus(), path, vocab_size=sample_vocab_size(), tokenizer=tok)
         ds = sssd.Datastore.open(path, tokenizer=tok)
-        replay = contextlib.nullcontext()
+        replay = None
         if args.replay:
             plain = make_engine(("fixed", 0, {}, {}), model, tok, ds, args.batch, args.cap)
             refs = {}
@@ -156,7 +156,7 @@ def main() -> int:
                 for j in range(len(variants)):
                     i = (r + c + j) % len(variants)  # a rotating order: a passing load slows all alike
                     before = engines[i].stats.steps
-                    with meters[i], replay:
+                    with meters[i], replay.on(engines[i]) if replay else contextlib.nullcontext():
                         t = time.perf_counter()
                         out = engines[i].generate(chunk, max_new_tokens=args.max_new_tokens)
                         dt = time.perf_counter() - t

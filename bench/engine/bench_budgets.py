@@ -135,7 +135,7 @@ def measure(
                 if fresh and c > 0:
                     engines[k] = make(runs[k])
                 if replay is not None and engines[k] is not None:
-                    with replay:
+                    with replay.on(engines[k]):
                         n, s = one_turn(runs[k], engines[k], hf_model, chunk, prompts, new, eos)
                 else:
                     n, s = one_turn(runs[k], engines[k], hf_model, chunk, prompts, new, eos)

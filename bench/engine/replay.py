@@ -11,42 +11,53 @@ verification walk and its output-head calls, the drafter, the budget policy and 
 replay estimates is the speed each budget would have if the model accepted what its plain decoding
 writes; in float32 (no drift) it changes nothing.
 
-    with Replay(references) as replay:   # prompt tokens (tuple) -> reference output tokens
+    replay = Replay(references)          # prompt tokens (tuple) -> reference output tokens
+    with replay.on(engine):
         engine.generate(prompts, max_new_tokens=n)
     replay.steps, replay.moved        # request steps verified, and those where the model's own walk differed
+
+The engine's seam for it is ``Engine._verify`` (``verify_step``'s signature, for benchmarks only):
+``on(engine)`` puts the replaying verification there for that engine alone and puts the engine's own back
+on leaving.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from functools import partial
+
 import numpy as np
-import sssd.engine.engine as engine_module
 
 
 class Replay:
-    """While active (``with``), every engine's verification accepts the reference's tokens instead of the
-    model's choices; ``references``: prompt tokens (tuple of ints) -> the output to write."""
+    """Verification that accepts the reference's tokens instead of the model's choices, on the engines it
+    is put on (``on``); ``references``: prompt tokens (tuple of ints) -> the output to write."""
 
     def __init__(self, references: dict[tuple[int, ...], list[int]]) -> None:
         self.references = {tuple(map(int, k)): [int(t) for t in v] for k, v in references.items()}
         self.steps = 0  # request steps verified under replay
         self.moved = 0  # of them, those where the model's own path or bonus token differed
-        self._real = None
 
-    def __enter__(self) -> Replay:
-        if self._real is not None:
-            raise RuntimeError("this replay is already active")
-        self._real = engine_module.verify_step
-        engine_module.verify_step = self._verify
-        return self
+    @contextmanager
+    def on(self, engine) -> Iterator[Replay]:
+        """While inside, ``engine``'s steps write the references (the engine's own verification still
+        runs first, for its head calls and their time)."""
+        real = engine._verify
+        if isinstance(real, partial) and real.func == self.verify:
+            raise RuntimeError("this replay is already on this engine")
+        engine._verify = partial(self.verify, real)
+        try:
+            yield self
+        finally:
+            engine._verify = real
 
-    def __exit__(self, *exc) -> None:
-        engine_module.verify_step = self._real
-        self._real = None
-
-    def _verify(self, output, trees, reqs, top_k=None):
-        paths, bonus = self._real(output, trees, reqs, top_k)  # the real walk: its head calls and their time
+    def verify(self, real, output, trees, reqs, top_k=None):
+        """``real``'s result replaced by the references' paths and bonus tokens (counted in ``steps`` and
+        ``moved``)."""
+        paths, bonus = real(output, trees, reqs, top_k)  # the real walk: its head calls and their time
         out_paths, out_bonus = [], []
-        for (tree, _), req, path, token in zip(trees, reqs, paths, bonus, strict=True):
+        for tree, req, path, token in zip(trees, reqs, paths, bonus, strict=True):
             ref = self.references.get(tuple(int(t) for t in req.prompt))
             if ref is None:
                 raise KeyError(f"replay: no reference for the prompt of request {req.rid}")

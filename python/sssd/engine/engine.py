@@ -130,12 +130,12 @@ class EngineConfig:
 
 @dataclass
 class Drafts:
-    """A step's trees: per request ``(tree, batch indices of its nodes)`` (a root alone where nothing is
-    drafted), the drafter's batch cut to the nodes verified (what ``observe`` gets back) and the batch
-    positions of the requests it drafted for."""
+    """A step's trees: one per request (a root alone where nothing is drafted), the drafter's batch cut to
+    the nodes verified (what ``observe`` gets back) and the batch positions of the requests it drafted
+    for."""
 
     budget: Budget
-    trees: list  # [B] (sssd.engine.trees.Tree, int64 [n]) per request (None while being built)
+    trees: list  # [B] sssd.engine.trees.Tree per request (None while being built)
     batch: Any = None
     drafting: list[int] = field(default_factory=list)
     decision: Any = None  # the policy's (sssd.policy.records.Decision), handed back to its observe
@@ -181,6 +181,9 @@ class Engine(RequestsMixin, RunsMixin):
         self.default_eos = eos_defaults(model, tokenizer)
         self.stats = EngineStats(history=deque(maxlen=self.config.history_size))
         self._guard = DrafterGuard(drafter) if drafter is not None else None
+        # the step's verification, ``verify_step``'s signature: a seam for benchmarks only, which replace it
+        # on one engine to replay a reference text (bench/engine/replay.py); not part of the public API
+        self._verify = verify_step
         self._inbox: deque[Request] = deque()  # added by any thread; the next step moves them to _waiting
         self._waiting: deque[Request] = deque()
         self._active: list[Request] = []  # index = cache slot
@@ -224,14 +227,13 @@ class Engine(RequestsMixin, RunsMixin):
         t0 = time.perf_counter()
         view = view_of(reqs)
         drafts = self._draft(reqs, view, self._plan(reqs, view))
-        trees = [tree for tree, _ in drafts.trees]
         context_tokens = int(self.adapter.cache.lengths.sum())
         t1 = time.perf_counter()
-        output = self.adapter.forward_trees(trees)
+        output = self.adapter.forward_trees(drafts.trees)
         self.adapter.synchronize()  # GPU: the forward's time, not its launch time (verify waits anyway)
         t2 = time.perf_counter()
         top_k = TopKRecorder.for_drafter(self.drafter) if self._guard is not None else None
-        paths, next_tokens = verify_step(output, drafts.trees, reqs, top_k)
+        paths, next_tokens = self._verify(output, drafts.trees, reqs, top_k)
         self.adapter.commit(paths)
         events = self._advance(reqs, drafts, paths, next_tokens)
         if top_k is not None:  # the verifier's own top-k, recycled (sssd.engine.recycle)
@@ -240,7 +242,7 @@ class Engine(RequestsMixin, RunsMixin):
         t3 = time.perf_counter()
         compiling, head_s = self._compile_time(), output.head_s  # compilation is not the step's time
         record = StepRecord(
-            reqs, drafts.budget, [len(t.tokens) - 1 for t in trees], [len(p) - 1 for p in paths],
+            reqs, drafts.budget, [len(t.tokens) - 1 for t in drafts.trees], [len(p) - 1 for p in paths],
             sum(len(e.tokens) for e in events), context_tokens,
             t1 - t0, t2 - t1 - compiling + head_s, t3 - t2 - head_s, prefill_s, head_s,
         )  # fmt: skip
@@ -265,7 +267,7 @@ class Engine(RequestsMixin, RunsMixin):
                 self._propose(drafts, reqs, view, drafting)
         for i, t in enumerate(drafts.trees):
             if t is None:
-                drafts.trees[i] = (root_tree(reqs[i].last_token), np.zeros(1, np.int64))
+                drafts.trees[i] = root_tree(reqs[i].last_token)
         if drafts.decision is None:  # nothing proposed, or a budget per request: the policy cut nothing
             drafts.decision = self._policy.decide(view, None)
         return drafts
@@ -305,7 +307,7 @@ class Engine(RequestsMixin, RunsMixin):
         """Append each request's accepted tokens and the model's own next token, tell the drafter, and
         build the events (the tokens not handed out yet: an interrupted step's too)."""
         events = []
-        for req, (tree, _), path, token in zip(reqs, drafts.trees, paths, next_tokens, strict=True):
+        for req, tree, path, token in zip(reqs, drafts.trees, paths, next_tokens, strict=True):
             new_tokens = self._append(req, [*tree.tokens[path[1:]].tolist(), token])
             if self._guard is not None and not req.finish_reason:
                 self._guard.extend(req, new_tokens)

@@ -66,10 +66,11 @@ class DraftTree(Tree):
 
 @dataclass
 class CheckedDrafts:
-    """What ``check_drafts`` kept: per request ``(tree, kept)`` (``kept`` = the batch indices of the
-    tree's nodes, ``[n]``) or None when its draft was refused, with the reason in ``errors``."""
+    """What ``check_drafts`` kept: per request its checked tree, or None when its draft was refused, with
+    the reason in ``errors``. Which of the batch's nodes the trees hold is ``verified`` (what the drafter
+    observes, ``sssd.batch.take_nodes``)."""
 
-    trees: list[tuple[DraftTree, np.ndarray] | None]
+    trees: list[DraftTree | None]
     errors: list[str | None]
     verified: np.ndarray  # [N] bool: the batch's nodes in ``trees`` and the roots of the refused ones
     cut: int  # drafted nodes dropped to fit the budget (0 for a drafter that honours it)
@@ -135,7 +136,7 @@ def check_drafts(
     kept = _budget_cut(kept, parents, offsets, budget, lambda: _scores(batch, n, tree_of, offsets))
     cut = before - sum(len(k) - 1 for k in kept if k is not None)
     q_rows = _DraftProbs(batch, n, vocab_size) if any(sampling) else None
-    trees: list[tuple[DraftTree, np.ndarray] | None] = []
+    trees: list[DraftTree | None] = []
     verified = np.zeros(n, bool)
     verified[offsets[:-1]] = True
     for i, k in enumerate(kept):
@@ -157,7 +158,7 @@ def check_drafts(
             if errors[i] is not None:
                 trees.append(None)
                 continue
-        trees.append((DraftTree(t, p, d, q), idx))
+        trees.append(DraftTree(t, p, d, q))
         verified[idx] = True
     return CheckedDrafts(trees, errors, verified, cut, n - b)
 

@@ -66,17 +66,17 @@ class _Walk:
 
 
 def verify_step(
-    output: Any, trees: list[tuple[Any, np.ndarray]], reqs: list[Any], top_k: Any = None
+    output: Any, trees: list[Any], reqs: list[Any], top_k: Any = None
 ) -> tuple[list[np.ndarray], list[int]]:
-    """output: the forward's ``StepOutput`` (rows packed in tree order); trees: ``(Tree, kept batch
-    indices)`` per request, checked by ``sssd.engine.trees.check_drafts`` (a ``DraftTree`` with ``q``
-    is verified by SpecInfer when its request samples); top_k: a ``sssd.engine.recycle.TopKRecorder``
-    that keeps the top-k of every row read (None: none kept).
+    """output: the forward's ``StepOutput`` (rows packed in tree order); trees: one ``Tree`` per request,
+    checked by ``sssd.engine.trees.check_drafts`` (a ``DraftTree`` with ``q`` is verified by SpecInfer
+    when its request samples); top_k: a ``sssd.engine.recycle.TopKRecorder`` that keeps the top-k of
+    every row read (None: none kept).
 
     Returns the accepted path (root first) and the bonus token of every request.
     """
-    starts = np.cumsum([0] + [len(t.tokens) for t, _ in trees])
-    walks = [_Walk(t, r, int(s)) for (t, _), r, s in zip(trees, reqs, starts[:-1], strict=True)]
+    starts = np.cumsum([0] + [len(t.tokens) for t in trees])
+    walks = [_Walk(t, r, int(s)) for t, r, s in zip(trees, reqs, starts[:-1], strict=True)]
     active = list(range(len(walks)))
     plan = getattr(output, "plan", None)
     fetched = False
