@@ -30,12 +30,17 @@ inline py::array array_arg(py::handle h, const std::string& what) {
 // A 1-D C-contiguous numpy array of dtype T with n entries (n < 0: any), viewed without copying: a wrong
 // dtype is a TypeError, a wrong shape or layout a ValueError. The caller keeps the array alive.
 template <class T>
-const T* typed(py::handle h, const std::string& what, py::ssize_t n = -1) {
-  const py::array a = array_arg(h, what);
+void check_dtype(const py::array& a, const std::string& what) {  // a TypeError naming both dtypes
   if (!a.dtype().is(py::dtype::of<T>())) {
     throw py::type_error(what + " must have dtype " + std::string(py::str(py::dtype::of<T>())) + ", got " +
                          std::string(py::str(a.dtype())));
   }
+}
+
+template <class T>
+const T* typed(py::handle h, const std::string& what, py::ssize_t n = -1) {
+  const py::array a = array_arg(h, what);
+  check_dtype<T>(a, what);
   if (a.ndim() != 1) throw py::value_error(what + " must be 1-D, got " + std::to_string(a.ndim()) + "-D");
   if (!(a.flags() & py::array::c_style)) throw py::value_error(what + " must be C-contiguous");
   if (n >= 0 && a.shape(0) != n) {

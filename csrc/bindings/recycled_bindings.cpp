@@ -22,10 +22,7 @@ py::array_t<T> to_numpy(const std::vector<T>& v, size_t m) {
 template <class T>
 const T* typed_2d(py::handle h, const std::string& what, py::ssize_t rows, py::ssize_t* cols) {
   const py::array a = array_arg(h, what);
-  if (!a.dtype().is(py::dtype::of<T>())) {
-    throw py::type_error(what + " must have dtype " + std::string(py::str(py::dtype::of<T>())) + ", got " +
-                         std::string(py::str(a.dtype())));
-  }
+  check_dtype<T>(a, what);
   if (a.ndim() != 2) throw py::value_error(what + " must be 2-D [rows, k], got " + std::to_string(a.ndim()) + "-D");
   if (!(a.flags() & py::array::c_style)) throw py::value_error(what + " must be C-contiguous");
   if (rows >= 0 && a.shape(0) != rows) {
