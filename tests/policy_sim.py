@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-from sssd.policy.adaptive import StepTiming, StepView
+from sssd.policy.adaptive import StepRecord, StepView
 from sssd.policy.goodput import accumulated_probs, request_gain_table
 
 from tests.fake_drafts import FakeDrafter
@@ -82,10 +82,11 @@ def run_policy(policy, curve, batches, steps: int, *, seed: int = 0, noise: floa
             kept = dataclasses.replace(kept, probs=np.asarray(truth(kept), dtype=np.float64))
         acc = _accepted(kept, u) if kept is not None and k > 0 else [0] * b
         fwd = curve(b + k, b) * jitter
-        step = fwd + draft_s + OTHER_S
-        policy.observe(
-            decision, StepTiming(b, k_plan, b + k, CONTEXT * b, tuple(acc), draft_s, fwd, OTHER_S, step)
-        )  # fmt: skip
+        record = StepRecord(
+            b, CONTEXT * b, b + k, k_plan, acc, draft_s=draft_s, forward_s=fwd, verify_s=OTHER_S
+        )
+        step = record.step_s
+        policy.observe(decision, record)
         budgets.append(k)
         tokens.append(b + sum(acc))
         seconds.append(step)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from sssd.policy.adaptive import AdmitView, BudgetConfig, BudgetPolicy, StepTiming, StepView, fifo
+from sssd.policy.adaptive import AdmitView, BudgetConfig, BudgetPolicy, StepRecord, StepView, fifo
 from sssd.policy.admission import Candidate, RunningState, admission_order, admit_with_slo, projected_tpot
 from sssd.policy.cost_model import CostModel
 
@@ -12,7 +12,7 @@ from sssd.policy.cost_model import CostModel
 def fixed_cost():
     """Forward = 0.5 s + 0.1 s per token scored; nothing else; pinned (online samples do not move it).
     So a plain step of b requests takes 0.5 + 0.1·b and a prompt of P tokens prefills in 0.5 + 0.1·(P-1)."""
-    return CostModel(forward=(0.0, 0.1, 0.5), draft=(0, 0, 0), other=(0, 0, 0), prior_weight=1e12)
+    return CostModel(forward=(0.0, 0.1, 0.5), draft=(0, 0, 0), verify=(0, 0, 0), prior_weight=1e12)
 
 
 def running_policy(target=None, steps=10, **config):
@@ -24,7 +24,7 @@ def running_policy(target=None, steps=10, **config):
     view = StepView([0], [10], [10], [None])
     for _ in range(steps):
         policy.plan(view)
-        policy.observe(policy.decide(view, None), StepTiming(1, 0, 1, 10, (0,), 0.0, 0.6, 0.0, 0.6))
+        policy.observe(policy.decide(view, None), StepRecord(1, 10, 1, 0, (0,), forward_s=0.6))
     return policy
 
 
@@ -64,7 +64,7 @@ def test_a_request_that_misses_anyway_is_not_protected():
         policy.plan(StepView([0], [10], [10], [None]))
         policy.observe(
             policy.decide(StepView([0], [10], [10], [None]), None),
-            StepTiming(1, 0, 1, 10, (0,), 0.0, 2.0, 0.0, 2.0),
+            StepRecord(1, 10, 1, 0, (0,), forward_s=2.0),
         )
     assert policy.admit(admit_view()) == [1]
 
@@ -99,12 +99,12 @@ def test_prefill_stalls_count_for_running_requests_only():
     policy.plan(StepView([0], [10], [10], [None]))
     policy.observe(
         policy.decide(StepView([0], [10], [10], [None]), None),
-        StepTiming(1, 0, 1, 10, (0,), 0.0, 0.6, 0.0, 0.6),
+        StepRecord(1, 10, 1, 0, (0,), forward_s=0.6),
     )
     policy.plan(StepView([0, 1], [11, 3], [10, 10], [None, None]))
     policy.observe(
         policy.decide(StepView([0, 1], [11, 3], [10, 10], [None, None]), None),
-        StepTiming(2, 0, 2, 14, (0, 0), 0.0, 0.7, 0.0, 0.7, prefill_time=0.7),
+        StepRecord(2, 14, 2, 0, (0, 0), forward_s=0.7, prefill_s=0.7),
     )
     rep = policy.slo_report()
     assert rep[0]["tpot_s"] == pytest.approx((0.6 + 0.7 + 0.7) / 2)
@@ -119,7 +119,7 @@ def test_expected_remaining_from_finished_lengths():
             policy.plan(StepView([rid], [10], [100], [None]))
             policy.observe(
                 policy.decide(StepView([rid], [10], [100], [None]), None),
-                StepTiming(1, 0, 1, 10, (0,), 0.0, 0.6, 0.0, 0.6),
+                StepRecord(1, 10, 1, 0, (0,), forward_s=0.6),
             )
         policy.remove_request(rid)
         rid += 1

@@ -10,7 +10,7 @@ import pytest
 from sssd.cli.speedup import TreeCost, speedup_notes, tree_cost
 from sssd.policy import contention
 from sssd.policy.contention import BUSY_SHARE, Contention, ContentionMeter, worst
-from sssd.policy.interface import StepTiming
+from sssd.policy.interface import StepRecord
 
 
 def reading(others, own=2.0, load=None, cores=2, wanted=2):
@@ -102,8 +102,8 @@ def test_proc_stat_is_read_where_there_is_one():
 
 
 def steps(*rows):
-    """StepTiming records (batch size, nodes in the forward, forward seconds)."""
-    return [StepTiming(b, n - b, n, 100, (), 0.0, f, 0.0, f) for b, n, f in rows]
+    """Step records (batch size, nodes in the forward, forward seconds)."""
+    return [StepRecord(b, 100, n, n - b, forward_s=f) for b, n, f in rows]
 
 
 def test_tree_cost_is_the_median_tree_forward_over_the_median_plain_one():

@@ -9,11 +9,11 @@ import pytest
 from sssd.policy.cost_model import (
     KNOTS,
     CostModel,
-    StepSample,
     huber_irls,
     tree_pairs_estimate,
     tree_pairs_of,
 )
+from sssd.policy.interface import StepRecord
 
 
 def _synthetic(rng, n, coef, outlier_frac=0.1):
@@ -59,14 +59,14 @@ def _timings(rng, n, fwd, drf, oth, outliers=0.1):
         nb = b + k
         slow = rng.random() < outliers
         out.append(
-            StepSample(
+            StepRecord(
                 batch_size=b,
-                n_context=ctx,
-                n_batched=nb,
+                context_tokens=ctx,
+                num_nodes=nb,
                 budget=k,
                 forward_s=fwd[0] * ctx + fwd[1] * nb + fwd[2] * (k > 0) + fwd[3] + (0.2 if slow else 0.0),
                 draft_s=drf[0] * b + drf[1] * k + drf[2] if k else 0.0,
-                other_s=oth[0] * b + oth[1] * nb + oth[2],
+                verify_s=oth[0] * b + oth[1] * nb + oth[2],
             )
         )
     return out
@@ -82,7 +82,7 @@ def test_cost_model_fit_recovers_all_parts():
     # the first token's share of the line goes into the constant: g(1) = 0
     np.testing.assert_allclose(f[[0, -2, -1]], [fwd[0], fwd[2], fwd[3] + fwd[1]], rtol=0.05)
     np.testing.assert_allclose(cm.draft.coef, drf, rtol=0.05)
-    np.testing.assert_allclose(cm.other.coef, oth, rtol=0.05)
+    np.testing.assert_allclose(cm.verify.coef, oth, rtol=0.05)
     c = cm.predict(4, 4000, [0, 16])
     assert c.draft[0] == 0.0 and c.draft[1] > 0
     assert c.forward[1] - c.forward[0] == pytest.approx(16 * fwd[1] + fwd[2], rel=0.05)
@@ -100,8 +100,8 @@ def test_online_refresh_tracks_a_changed_machine():
     # the step shapes of the recent window are predicted at the new machine's times (a token count the
     # window never saw keeps what the old regime or the prior says: the model has one slope per range)
     err = [
-        float(cm.predict(t.batch_size, t.n_context, t.n_batched - t.batch_size).forward)
-        / (new[0] * t.n_context + new[1] * t.n_batched + new[2] * (t.n_batched > t.batch_size) + new[3])
+        float(cm.predict(t.batch_size, t.context_tokens, t.num_nodes - t.batch_size).forward)
+        / (new[0] * t.context_tokens + new[1] * t.num_nodes + new[2] * (t.num_nodes > t.batch_size) + new[3])
         - 1
         for t in steps[-64:]
     ]
@@ -112,22 +112,25 @@ def test_prior_holds_unexcited_directions():
     # every sample has budget 0: the budget slope of the draft part cannot be learned, keep the seed
     cm = CostModel(forward=(1e-7, 5e-4, 1e-2), prior_weight=8.0)
     for b in range(1, 40):
-        cm.observe(StepSample(b, 100 * b, b, 0, forward_s=1e-7 * 100 * b + 5e-4 * b + 1e-2))
+        cm.observe(StepRecord(b, 100 * b, b, 0, forward_s=1e-7 * 100 * b + 5e-4 * b + 1e-2))
     cm.forward.refit()
     assert cm.forward.coef[1] == pytest.approx(5e-4, rel=0.1)
 
 
 def test_profile_round_trip(tmp_path):
-    cm = CostModel(forward=(1e-7, 2e-4, 3e-3), draft=(1e-5, 1e-6, 2e-5), other=(1e-5, 0.0, 1e-4))
+    cm = CostModel(forward=(1e-7, 2e-4, 3e-3), draft=(1e-5, 1e-6, 2e-5), verify=(1e-5, 0.0, 1e-4))
     p = tmp_path / "p.json"
     cm.save(p, extra={"samples": []})
     back = CostModel.load(p)
     np.testing.assert_allclose(back.forward.coef, cm.forward.coef)
     np.testing.assert_allclose(back.draft.coef, cm.draft.coef)
-    assert json.loads(p.read_text())["version"] == 3
+    assert json.loads(p.read_text())["version"] == 4
     with pytest.raises(FileNotFoundError):
         CostModel.load(tmp_path / "missing.json")
-    old = json.loads(p.read_text())  # a profile from before the tree-step term still loads
+    old = json.loads(p.read_text())  # a profile from before the verify part had its name still loads
+    old["version"], old["other"] = 3, old.pop("verify")
+    (tmp_path / "v3.json").write_text(json.dumps(old))
+    np.testing.assert_allclose(CostModel.load(tmp_path / "v3.json").verify.coef, cm.verify.coef)
     del old["forward"]["tree"]
     (tmp_path / "old.json").write_text(json.dumps(old))
     assert CostModel.load(tmp_path / "old.json").forward.coef[-2] == 0.0
@@ -148,7 +151,7 @@ def test_profile_round_trip(tmp_path):
 def test_observe_rejects_inconsistent_steps():
     cm = CostModel()
     with pytest.raises(ValueError):
-        cm.observe(StepSample(batch_size=4, n_context=10, n_batched=2, budget=0, forward_s=0.01))
+        cm.observe(StepRecord(batch_size=4, context_tokens=10, num_nodes=2, budget=0, forward_s=0.01))
 
 
 def test_version_1_profile_loads_with_the_same_predictions(tmp_path):
@@ -173,7 +176,7 @@ def _curve_samples(curve, rng, n=400, outliers=0.05):
     for _ in range(n):
         k = int(rng.integers(0, 65))
         t = curve(1 + k) * float(np.exp(rng.normal(0, 0.02))) + (0.1 if rng.random() < outliers else 0.0)
-        out.append(StepSample(1, 300, 1 + k, k, forward_s=t))
+        out.append(StepRecord(1, 300, 1 + k, k, forward_s=t))
     return out
 
 
@@ -212,20 +215,20 @@ def test_default_prior_is_scaled_to_the_machine():
     cost 4% per token of it plus their attention."""
     cm = CostModel()
     for _ in range(3):
-        cm.observe(StepSample(1, 300, 1, 0, forward_s=0.050))
+        cm.observe(StepRecord(1, 300, 1, 0, forward_s=0.050))
     plain, tree = cm.predict(1, 300, [0, 32], drafted=False).forward
     assert plain == pytest.approx(0.050, rel=0.02)
     assert tree / plain - 1 == pytest.approx(32 * 0.04 + 32 * (300 + 1 + 32) * 1e-5, rel=0.1)
     absolute = CostModel(forward=(2e-8, 2e-4, 0.0, 5e-3))  # an explicit prior keeps its seconds
     for _ in range(3):
-        absolute.observe(StepSample(1, 300, 1, 0, forward_s=0.050))
+        absolute.observe(StepRecord(1, 300, 1, 0, forward_s=0.050))
     assert float(absolute.predict(1, 300, 0, drafted=False).forward) < 0.045
 
 
 def test_prefill_beyond_the_measured_sizes_keeps_the_measured_slope():
     cm = CostModel(prior_weight=0.0)
     for k in range(0, 33):
-        cm.observe(StepSample(1, 0, 1 + k, k, forward_s=0.05 + 0.002 * k))
+        cm.observe(StepRecord(1, 0, 1 + k, k, forward_s=0.05 + 0.002 * k))
     cm.forward.refit()
     assert cm.measured_tokens() == 33
     # 500 tokens: the measured 2 ms per token goes on (the token segments there hold only the prior)
@@ -249,7 +252,7 @@ def test_tree_pairs_price_where_the_nodes_go():
         sizes = [[1, 1, 1, 1], [5, 5, 5, 5], [17, 1, 1, 1], [9, 9, 1, 1]][i % 4]
         t = forward_s(sizes) * float(np.exp(rng.normal(0, 0.02)))
         cm.observe(
-            StepSample(4, ctx, sum(sizes), 16, forward_s=t, tree_pairs=tree_pairs_of(sizes, [600] * 4))
+            StepRecord(4, ctx, sum(sizes), 16, forward_s=t), tree_pairs=tree_pairs_of(sizes, [600] * 4)
         )
     for sizes in ([5, 5, 5, 5], [17, 1, 1, 1], [9, 9, 1, 1]):
         pairs = tree_pairs_of(sizes, [600] * 4)
@@ -269,7 +272,7 @@ def test_sizes_beyond_the_measured_continue_the_last_measured_slope():
         for i in range(120):
             k = i % 17
             for m in (cm, prior):
-                m.observe(StepSample(1, 300, 1 + k, k, forward_s=0.05 + slope * k, tree_pairs=0.0))
+                m.observe(StepRecord(1, 300, 1 + k, k, forward_s=0.05 + slope * k), tree_pairs=0.0)
         for m in (cm, prior):
             m.forward.refit()
         grow = lambda m: float(np.diff(m.predict(1, 300, [16, 48], drafted=False, tree_pairs=0.0).forward)[0])  # noqa: E731

@@ -252,7 +252,7 @@ def test_a_long_run_keeps_bounded_state(refs):
         tiny_model("llama"), drafter=_oracle(refs), config=EngineConfig(budget=4, history_size=16)
     )
     drafter = engine.drafter
-    fits = (engine.policy.cost.forward, engine.policy.cost.draft, engine.policy.cost.other)
+    fits = (engine.policy.cost.forward, engine.policy.cost.draft, engine.policy.cost.verify)
     while any(f.num_samples < f.window for f in fits):  # until the cost model's sample windows are full
         engine.generate(PROMPTS, max_new_tokens=24, eos_token_ids=())
     tracemalloc.start()

@@ -12,7 +12,7 @@ import torch
 from sssd.engine.engine import Engine, EngineConfig
 from sssd.engine.sampling import SamplingParams, target_probs
 from sssd.policy.adaptive import FINISHED_RECORDS, BudgetPolicy
-from sssd.policy.interface import AdmitView, StepTiming, StepView
+from sssd.policy.interface import AdmitView, StepRecord, StepView
 from tiny_models import VOCAB, hf_greedy, tiny_model
 from toy_drafters import OracleDrafter
 
@@ -110,7 +110,7 @@ def test_results_are_released_once_handed_out(refs):
 def _observe_one(policy, rid):
     view = StepView([rid], [5], [10], [None])
     policy.plan(view)
-    policy.observe(policy.decide(view, None), StepTiming(1, 0, 1, 5, (0,), 0.0, 1e-3, 0.0, 1e-3))
+    policy.observe(policy.decide(view, None), StepRecord(1, 5, 1, 0, (0,), forward_s=1e-3))
 
 
 def test_the_adaptive_policy_forgets_requests_that_left():

@@ -56,7 +56,7 @@ def _cost():
     # (a prior weight this large keeps the model at these coefficients whatever the steps measure, so the
     # chosen budgets do not depend on this machine's timing)
     return CostModel(
-        forward=(0.0, 2e-3, 2e-2), draft=(0.0, 0.0, 1e-4), other=(0.0, 0.0, 1e-4), prior_weight=1e9
+        forward=(0.0, 2e-3, 2e-2), draft=(0.0, 0.0, 1e-4), verify=(0.0, 0.0, 1e-4), prior_weight=1e9
     )
 
 
@@ -156,4 +156,4 @@ def test_policy_without_admit_hook_is_fifo():
     rids = [eng.add_request(p, max_new_tokens=4, eos_token_ids=[]) for p in prompts]
     eng.step()
     assert [r.rid for r in eng._active] == rids[:2]
-    assert eng.stats.history[0].prefill_time > 0.0
+    assert eng.stats.history[0].prefill_s > 0.0

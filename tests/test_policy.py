@@ -6,7 +6,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from sssd.policy.adaptive import BudgetConfig, BudgetPolicy, StepTiming, StepView
+from sssd.policy.adaptive import BudgetConfig, BudgetPolicy, StepRecord, StepView
 from sssd.policy.cost_model import FORWARD_FEATURES, CostModel, tree_pairs_of
 from sssd.policy.goodput import (
     accumulated_probs,
@@ -32,7 +32,7 @@ def chain(n, p):
 
 def flat_cost(per_token=1e-4, const=1e-2, draft=0.0):
     """Forward = const + per_token·tokens; no context term; drafting costs ``draft`` per call."""
-    return CostModel(forward=(0.0, per_token, const), draft=(0.0, 0.0, draft), other=(0.0, 0.0, 0.0))
+    return CostModel(forward=(0.0, per_token, const), draft=(0.0, 0.0, draft), verify=(0.0, 0.0, 0.0))
 
 
 def test_fake_batch_ranks_greedily_across_requests():
@@ -170,7 +170,7 @@ def test_acceptance_check_and_correction():
     for _ in range(30):
         plan = policy.step(FakeDrafter(b), _view([0], [100]))
         half = plan.expected_accepted / policy.correction / 2
-        policy.observe(plan, StepTiming(1, 64, 1 + plan.budget, 100, (half,), 0.0, 0.05, 0.0, 0.05))
+        policy.observe(plan, StepRecord(1, 100, 1 + plan.budget, 64, (half,), forward_s=0.05))
     assert policy.acceptance.ratio == pytest.approx(0.5, rel=0.05)
     assert policy.correction == pytest.approx(0.5, rel=0.1)
     rep = policy.slo_report()
@@ -202,8 +202,8 @@ def test_generic_truncate_matches_fake_batch():
 
 def test_tree_step_overhead_makes_small_budgets_unattractive():
     b = make_batch([chain(8, 0.5)])
-    cheap = CostModel(forward=(0.0, 1e-3, 0.0, 0.1), draft=(0, 0, 0), other=(0, 0, 0))
-    jump = CostModel(forward=(0.0, 1e-3, 0.12, 0.1), draft=(0, 0, 0), other=(0, 0, 0))
+    cheap = CostModel(forward=(0.0, 1e-3, 0.0, 0.1), draft=(0, 0, 0), verify=(0, 0, 0))
+    jump = CostModel(forward=(0.0, 1e-3, 0.12, 0.1), draft=(0, 0, 0), verify=(0, 0, 0))
     assert choose_budget(b.gain, 1, 0, cheap).budget > 0
     # a tree step costs 120 ms more than a plain one: at most 2 tokens in 0.23 s < 1 token in 0.1 s
     assert choose_budget(b.gain, 1, 0, jump).budget == 0
@@ -244,10 +244,10 @@ def test_policy_samples_carry_the_verified_trees_pairs():
     # a decision is a value: deciding another step in between changes nothing of this one's feedback
     plain = policy.decide(_view([0, 1], [101, 301]), None)  # a step without drafts
     sizes = np.diff(np.asarray(drafted.batch.offsets))
-    policy.observe(drafted, StepTiming(2, 6, int(sizes.sum()), 400, (0, 0), 0.0, 0.05, 0.0, 0.05))
+    policy.observe(drafted, StepRecord(2, 400, int(sizes.sum()), 6, (0, 0), forward_s=0.05))
     x = policy.cost.forward._xs[-1]
     assert x[FORWARD_FEATURES.index("tree_attention")] == tree_pairs_of(sizes, [100, 300]) > 0
-    policy.observe(plain, StepTiming(2, 0, 2, 402, (0, 0), 0.0, 0.04, 0.0, 0.04))
+    policy.observe(plain, StepRecord(2, 402, 2, 0, (0, 0), forward_s=0.04))
     assert policy.cost.forward._xs[-1][FORWARD_FEATURES.index("tree_attention")] == 0.0
     assert [k for _, k in policy.history] == [drafted.budget, 0] and drafted.budget == 6
 

@@ -34,7 +34,7 @@ def test_profile_forward_and_drafting_fit(tmp_path):
     grid = prof.ProfileGrid((1, 2), (8,), (0, 6), 1, (1, 2), (4, 8), 2)
     fwd = prof.profile_forward(engine_factory(tiny_model("llama")), VOCAB, grid)
     assert len(fwd) == 2 * 2 * 1
-    assert {s.n_batched - s.batch_size for s in fwd} == {0, 6}
+    assert {s.num_nodes - s.batch_size for s in fwd} == {0, 6}
     ctxs = [np.arange(2, 40, dtype=np.int32) % VOCAB]
     drafting = prof.profile_drafting(PromptLookupDrafter, ctxs, grid)
     assert len(drafting) == 2 * 2 * 2 and all(t > 0 for _, _, t in drafting)

@@ -80,7 +80,7 @@ def main() -> int:
             base = (rate, tokens)
         same = sum(a == b for a, b in zip(tokens, base[1], strict=True))
         policy = f"{mode} {budget}" if kind else "-"
-        draft_s = st.draft_time / max(st.steps, 1)
+        draft_s = st.draft_s / max(st.steps, 1)
         print(f"| {name} | {policy} | {rate:.2f} | {rate / base[0]:.2f}x | {mal:.2f} | {draft_s:.4f} | "
               f"{same}/{len(tokens)} |", flush=True)  # fmt: skip
     return 0

@@ -127,8 +127,8 @@ def part2(target, drafts, prompts, budget: int, new: int) -> None:
             el = time.perf_counter() - t0
             s = e.stats
             mal = s.tokens / max(sum(h.batch_size for h in s.history), 1)
-            print(f"draft={dname:5s} {kname:24s} MAL {mal:5.2f}  {el:6.2f}s  (draft {s.draft_time:5.2f}s, "
-                  f"verify fwd {s.forward_time:5.2f}s)  same as plain: {out == ref}")  # fmt: skip
+            print(f"draft={dname:5s} {kname:24s} MAL {mal:5.2f}  {el:6.2f}s  (draft {s.draft_s:5.2f}s, "
+                  f"verify fwd {s.forward_s:5.2f}s)  same as plain: {out == ref}")  # fmt: skip
 
 
 def part3(target, drafts, prompt) -> None:

@@ -59,7 +59,7 @@ class Run:
     nodes: list = field(default_factory=list)  # draft nodes verified per step (every round)
     trace: list = field(default_factory=list)  # the adaptive policy's PolicyStep records (every round)
     turns: dict = field(default_factory=dict)  # (round, chunk) -> (tokens, seconds, outputs)
-    history: list = field(default_factory=list)  # the engine's StepTiming records (every round)
+    history: list = field(default_factory=list)  # the engine's StepRecords (every round)
     meter: ContentionMeter = field(default_factory=lambda: ContentionMeter(torch.get_num_threads()))
 
     def rate(self, r: int) -> float:

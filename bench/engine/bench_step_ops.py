@@ -212,8 +212,8 @@ def main() -> int:
             engine.stats.history.clear()
             for _ in range(args.steps):
                 engine.step()
-            times[i]["step"] += [t.step_time for t in engine.stats.history]
-            times[i]["forward"] += [t.forward_time for t in engine.stats.history]
+            times[i]["step"] += [t.step_s for t in engine.stats.history]
+            times[i]["forward"] += [t.forward_s for t in engine.stats.history]
     rows = []
     for i, (row, engine) in enumerate(configs):
         step, fwd = statistics.median(times[i]["step"]), statistics.median(times[i]["forward"])

@@ -108,8 +108,8 @@ def run_engine(job: dict) -> dict:
 
 
 def _engine_totals(st) -> dict:
-    names = ("draft_time", "forward_time", "head_time", "verify_time", "prefill_time", "steps", "nodes")
-    return {name.removesuffix("_time"): getattr(st, name, 0.0) for name in names}  # older builds: no head
+    names = ("draft_s", "forward_s", "head_s", "verify_s", "prefill_s", "steps", "nodes")
+    return {name.removesuffix("_s"): getattr(st, name) for name in names}
 
 
 class _Clock:

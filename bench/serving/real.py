@@ -74,7 +74,7 @@ def run_one(
                 eng.result(e.request_id)
     log = StepLog()
     for t, (_, k) in zip(eng.stats.history, getattr(policy, "history", []), strict=False):
-        log.add(t.batch_size, k, t.step_time, int(sum(t.accepted)), float("nan"))
+        log.add(t.batch_size, k, t.step_s, int(sum(t.accepted)), float("nan"))
     return done, log, list(eng.stats.history)
 
 
@@ -153,13 +153,12 @@ def _replay(row: dict, mode: str, wl, pairs, make_drafter, cost, args) -> None:
 
 def _refit(profile, steps: list):
     """The profile's drafting part with forward/bookkeeping refitted on the real runs' steps."""
-    from sssd.policy.cost_model import CostModel, forward_features
+    from sssd.policy.cost_model import CostModel
 
     cm = CostModel.from_dict(profile.to_dict(), prior_weight=0.0, forget=1.0, window=max(16, len(steps)))
     for t in steps:
-        cm.forward.add(forward_features(t.context_tokens, t.num_nodes, t.batch_size), t.forward_time)
-        cm.other.add([t.batch_size, t.num_nodes, 1.0], max(0.0, t.step_time - t.forward_time - t.draft_time))
+        cm.observe(t, drafted=False)  # the profile's drafting part is kept
     cm.forward.refit()
-    cm.other.refit()
+    cm.verify.refit()
     cm.meta = {**profile.meta, "refit_on": f"{len(steps)} steps of bench/serving/serve.py real"}
     return cm

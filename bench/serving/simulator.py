@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from sssd.evaluation.simulator import accepted_lengths
-from sssd.policy.adaptive import AdmitView, BudgetPolicy, StepTiming, StepView, fifo
+from sssd.policy.adaptive import AdmitView, BudgetPolicy, StepRecord, StepView, fifo
 from sssd.policy.cost_model import CostModel
 from workload import Arrival, Finished, StepLog
 
@@ -139,8 +139,8 @@ def _step(
             drafter.observe(rids, batch, acc)
     draft_budget = policy.config.budget if decision.drafted else 0
     c = truth.predict(b, n_ctx, decision.budget, drafted=decision.drafted, draft_budget=draft_budget)
-    fwd, drf, oth = float(c.forward), float(c.draft), float(c.other)
-    step_s = fwd + drf + oth
+    fwd, drf, ver = float(c.forward), float(c.draft), float(c.verify)
+    step_s = fwd + drf + ver
     clock += step_s
     for i, r in enumerate(rids):
         lv = live[r]
@@ -149,10 +149,9 @@ def _step(
         lv.pos += n
         if lv.first_token_s < 0:
             lv.first_token_s = clock
-    policy.observe(
-        decision,
-        StepTiming(b, decision.budget, b + decision.budget, n_ctx, tuple(acc), drf, fwd, oth, step_s, stall),
-    )
+    step = StepRecord(b, n_ctx, b + decision.budget, draft_budget, acc, draft_s=drf, forward_s=fwd,
+                      verify_s=ver, prefill_s=stall, request_ids=rids)  # fmt: skip
+    policy.observe(decision, step)
     log.add(b, decision.budget, step_s, int(acc.sum()), decision.expected_accepted)
     return clock
 

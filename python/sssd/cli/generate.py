@@ -198,10 +198,10 @@ def summary(engine: Any, results: list[Any], seconds: float) -> dict[str, float]
         "tokens_per_s": tokens / seconds if seconds else 0.0,
         "steps": s.steps,
         "mal": sum(r.stats.tokens for r in results) / max(1, sum(r.stats.steps for r in results)),
-        "draft_ms_per_step": 1e3 * s.draft_time / max(1, s.steps),
-        "forward_ms_per_step": 1e3 * s.forward_time / max(1, s.steps),
-        "verify_ms_per_step": 1e3 * s.verify_time / max(1, s.steps),
-        "prefill_s": s.prefill_time,
+        "draft_ms_per_step": 1e3 * s.draft_s / max(1, s.steps),
+        "forward_ms_per_step": 1e3 * s.forward_s / max(1, s.steps),
+        "verify_ms_per_step": 1e3 * s.verify_s / max(1, s.steps),
+        "prefill_s": s.prefill_s,
     }
 
 
@@ -223,8 +223,8 @@ def _compare(model: Any, tokenizer: Any, prompts: list, results: list, engine: A
     else:
         label = "estimated from a short plain run; --baseline measures it"
     b, s = base_engine.stats, engine.stats
-    plain_rate = b.tokens / b.step_time if b.step_time else 0.0
-    rate = s.tokens / s.step_time if s.step_time else 0.0
+    plain_rate = b.tokens / b.step_s if b.step_s else 0.0
+    rate = s.tokens / s.step_s if s.step_s else 0.0
     speedup = rate / plain_rate if plain_rate else float("nan")
     mal = sum(r.stats.tokens for r in results) / max(1, sum(r.stats.steps for r in results))
     notes = speedup_notes(speedup, mal, meter.reading(), tree_cost(s.history, b.history))

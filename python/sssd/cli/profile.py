@@ -74,7 +74,6 @@ def _refit(src: str, output: str) -> int:
     import json
 
     from sssd.policy import profiling as prof
-    from sssd.policy.cost_model import StepSample
 
     path = Path(src)
     if not path.is_file():
@@ -82,7 +81,7 @@ def _refit(src: str, output: str) -> int:
     d = json.loads(path.read_text())
     if "forward_samples" not in d:
         raise ValueError(f"{path} has no raw samples to refit")
-    fwd = [StepSample(**s) for s in d["forward_samples"]]
+    fwd = [prof.step_from_json(s) for s in d["forward_samples"]]
     drafting = [(s["batch_size"], s["budget"], s["seconds"]) for s in d.get("draft_samples", [])]
     cm = prof.fit_profile(fwd, drafting, d.get("meta", {}))
     cm.save(output, extra=prof.samples_json(fwd, drafting))

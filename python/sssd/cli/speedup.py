@@ -35,8 +35,8 @@ class TreeCost:
 
 
 def tree_cost(history: Iterable[Any], plain_history: Iterable[Any] = ()) -> TreeCost | None:
-    """The tree forwards' cost from the engine's step records (``EngineStats.history``: ``StepTiming``
-    with ``num_nodes``, ``batch_size`` and ``forward_time``), against the plain forwards of the same batch
+    """The tree forwards' cost from the engine's step records (``EngineStats.history``: ``StepRecord``
+    with ``num_nodes``, ``batch_size`` and ``forward_s``), against the plain forwards of the same batch
     size in ``history`` and ``plain_history`` (a plain decoding run's, where the run itself verified a
     draft on every step). None when either kind of forward is missing."""
     steps = list(history)
@@ -48,10 +48,10 @@ def tree_cost(history: Iterable[Any], plain_history: Iterable[Any] = ()) -> Tree
     plain = [h for h in (*steps, *plain_history) if h.num_nodes == h.batch_size == batch]
     if not plain:
         return None
-    base = statistics.median(h.forward_time for h in plain)
+    base = statistics.median(h.forward_s for h in plain)
     if base <= 0:
         return None
-    ratio = statistics.median(h.forward_time for h in tree) / base
+    ratio = statistics.median(h.forward_s for h in tree) / base
     return TreeCost(round(statistics.median(h.num_nodes for h in tree)), batch, ratio)
 
 

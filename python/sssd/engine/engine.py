@@ -16,8 +16,8 @@ The budget hook (for the adaptive scheduler): ``EngineConfig.policy`` is any obj
 ``plan(view: StepView) -> int | Sequence[int]`` (global budget or one per request, 0 = plain decoding)
 and ``observe``; see ``sssd.policy.interface``. A deciding policy (``BudgetPolicy``) has
 ``decide(view, batch) -> Decision`` (the part of the proposed batch to verify, and what it predicted):
-the step holds the decision and hands it back, ``observe(decision, timing: StepTiming)``. A simple one
-has ``observe(timing)`` and optionally ``select(view, batch)``. Optional hooks: ``propose_kwargs(view)
+the step holds the decision and hands it back, ``observe(decision, record: StepRecord)``. A simple one
+has ``observe(record)`` and optionally ``select(view, batch)``. Optional hooks: ``propose_kwargs(view)
 -> dict`` (extra ``propose`` arguments, e.g. SLO targets) and ``admit(view: AdmitView) -> list[int]``
 (which waiting requests join the batch now; FIFO without it). Without a policy the engine uses the adaptive
 ``BudgetPolicy`` (``budget_mode="adaptive"``: the goodput-optimal global budget in 0..``budget`` each step)
@@ -61,12 +61,12 @@ from sssd.engine.requests import GenerationResult, Request, StreamEvent
 from sssd.engine.runs import RunsMixin
 from sssd.engine.sampling import eos_defaults
 from sssd.engine.static_step import pow2_at_least
-from sssd.engine.stats import Budget, EngineStats, StepRecord
+from sssd.engine.stats import Budget, EngineStats
 from sssd.engine.threads import one_step_at_a_time
 from sssd.engine.trees import check_drafts, root_tree
 from sssd.engine.verify import verify_step
 from sssd.kernels.linear import LINEAR_BACKENDS
-from sssd.policy.interface import DEFAULT_BUDGET, FixedBudget, StepView
+from sssd.policy.interface import DEFAULT_BUDGET, FixedBudget, StepRecord, StepView
 
 log = logging.getLogger("sssd.engine")
 
@@ -100,7 +100,7 @@ class EngineConfig:
     # weights, the latter only where its copy of the weights fits in memory), or one of "torch", "rows",
     # "packed" for every forward of 2 rows or more. See sssd.kernels.linear.
     linear: str = "auto"
-    history_size: int = 1024  # StepTimings kept in EngineStats.history (the most recent steps)
+    history_size: int = 1024  # StepRecords kept in EngineStats.history (the most recent steps)
     # results of finished requests kept for result(rid) once their final event was handed out (the most
     # recent ones; generate() and stream() take their own)
     kept_results: int = 256
@@ -125,7 +125,7 @@ class EngineConfig:
         if not isinstance(self.compile, (bool, str)):
             raise ValueError(f"EngineConfig.compile must be True, False or a mode, got {self.compile!r}")
         if self.policy is not None and not (hasattr(self.policy, "plan") and hasattr(self.policy, "observe")):
-            raise TypeError("EngineConfig.policy must have plan(view) and observe(timing) methods")
+            raise TypeError("EngineConfig.policy must have plan(view) and observe(record) methods")
 
 
 @dataclass
@@ -241,12 +241,14 @@ class Engine(RequestsMixin, RunsMixin):
         events = final_events + self._retire(events)
         t3 = time.perf_counter()
         compiling, head_s = self._compile_time(), output.head_s  # compilation is not the step's time
+        drafted = [len(t.tokens) - 1 for t in drafts.trees]
         record = StepRecord(
-            reqs, drafts.budget, [len(t.tokens) - 1 for t in drafts.trees], [len(p) - 1 for p in paths],
-            sum(len(e.tokens) for e in events), context_tokens,
-            t1 - t0, t2 - t1 - compiling + head_s, t3 - t2 - head_s, prefill_s, head_s,
+            len(reqs), context_tokens, len(reqs) + sum(drafted), drafts.budget.as_plan(),
+            [len(p) - 1 for p in paths], draft_s=t1 - t0, forward_s=t2 - t1 - compiling + head_s,
+            head_s=head_s, verify_s=t3 - t2 - head_s, prefill_s=prefill_s,
+            request_ids=[r.rid for r in reqs], drafted=drafted, tokens=sum(len(e.tokens) for e in events),
         )  # fmt: skip
-        self._policy.observe(drafts.decision, self.stats.record(record))
+        self._policy.observe(drafts.decision, self.stats.record(record, reqs))
         self._count_errors()
         return self._hand_out(unreported + reqs, events, owner)
 

@@ -117,8 +117,8 @@ class RequestsMixin:
             self.adapter.prefill(slot, req.prompt[:-1])  # the last prompt token is the first step's root
             if self._guard is not None:
                 self._guard.add(req)
-            req.stats.prefill_time = time.perf_counter() - t0
-            self.stats.prefill_time += req.stats.prefill_time
+            req.stats.prefill_s = time.perf_counter() - t0
+            self.stats.prefill_s += req.stats.prefill_s
         if not chosen:
             return 0.0
         self.adapter.synchronize()  # GPU: the prefills' time, not their launch time

@@ -11,7 +11,7 @@ returns, the step goes on:
   as proposed, which the engine still cuts to the planned budget); a simple policy's optional
   ``select(view, batch)`` must return a batch (same fallback). Either way the engine gets a
   ``Decision``, holds it through the step and hands it back to ``observe``;
-- ``observe(decision, timing)`` (a deciding policy; a simple one: ``observe(timing)``) and
+- ``observe(decision, record)`` (a deciding policy; a simple one: ``observe(record)``) and
   ``remove_request(rid)`` only inform the policy: their errors are counted.
 
 Every such error is counted in ``EngineStats.policy_errors`` and logged once per hook on the
@@ -145,9 +145,9 @@ class PolicyGuard:
             ok = False
         return out if ok else batch
 
-    def observe(self, decision: Decision, timing: Any) -> None:
+    def observe(self, decision: Decision, record: Any) -> None:
         """The measured step, with the step's decision for a deciding policy."""
-        args = (decision, timing) if self.has("decide") else (timing,)
+        args = (decision, record) if self.has("decide") else (record,)
         self._call("observe", *args, fallback="the step is not fed back")
 
     def remove_request(self, rid: int) -> None:

@@ -10,6 +10,7 @@ import numpy as np
 from sssd.engine.chat import chat_prompt_ids, is_messages
 from sssd.engine.detokenize import INCOMPLETE, IncrementalDetokenizer
 from sssd.engine.sampling import SamplingParams, draw_key, position_draws
+from sssd.engine.stats import renamed_time
 
 
 @dataclass
@@ -21,10 +22,12 @@ class RequestStats:
     tokens: int = 0  # output tokens kept
     accepted: int = 0  # draft tokens accepted (before any stop truncation)
     draft_nodes: int = 0  # non-root nodes verified
-    draft_time: float = 0.0
-    forward_time: float = 0.0
-    step_time: float = 0.0
-    prefill_time: float = 0.0
+    draft_s: float = 0.0  # the phases' names of sssd.policy.interface.StepRecord
+    forward_s: float = 0.0
+    step_s: float = 0.0
+    prefill_s: float = 0.0
+
+    __getattr__ = renamed_time  # the old names (draft_time, ...) still read, with a DeprecationWarning
 
     @property
     def tokens_per_step(self) -> float:

@@ -1,19 +1,18 @@
-"""What a step did, and the engine's running totals: ``Budget`` (the step's draft budget, one type),
-``StepRecord`` (one step, named fields) and ``EngineStats`` (totals; ``record`` does all the accounting).
-
-Times are seconds. A step's phases: draft (the policy's plan, the drafter, checking its trees), forward
-(the verification forward and the output head, which verification applies lazily to the rows it needs),
-verify (walking the trees, the KV commit, appending tokens, retiring finished requests).
+"""What a step did, and the engine's running totals: ``Budget`` (the step's draft budget, one type) and
+``EngineStats`` (totals; ``record`` does all the accounting). A step is recorded once, as the policy's
+``sssd.policy.interface.StepRecord`` (re-exported here), with its phases' names: ``draft_s``,
+``forward_s`` (of it ``head_s``), ``verify_s``, ``prefill_s``; the totals carry the same names.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sssd.policy.interface import StepTiming
+from sssd.policy.interface import StepRecord
 
 
 @dataclass(frozen=True)
@@ -51,34 +50,18 @@ class Budget:
         return self.total if self.per_request is None else self.per_request
 
 
-@dataclass
-class StepRecord:
-    """One step: who took part, what they drafted and accepted, and how long each phase took."""
+# the times' names before each phase had one name (EngineStats.draft_time is now draft_s, ...)
+_OLD_NAMES = {f"{p}_time": f"{p}_s" for p in ("draft", "forward", "head", "verify", "prefill", "step")}
 
-    requests: list[Any]  # the batch, in slot order (sssd.engine.requests.Request)
-    budget: Budget
-    drafted: list[int]  # draft (non-root) nodes verified per request
-    accepted: list[int]  # of them accepted per request (the model's own token not counted)
-    tokens: int  # tokens handed to the caller by this step (truncated at stops; interrupted steps' too)
-    context_tokens: int  # committed tokens attended to (sum over the batch, before the step)
-    draft_s: float = 0.0
-    forward_s: float = 0.0
-    verify_s: float = 0.0
-    prefill_s: float = 0.0  # admitting requests before the step (the running ones waited)
-    head_s: float = 0.0  # of forward_s: the output head over the rows verification asked for
 
-    @property
-    def step_s(self) -> float:
-        return self.draft_s + self.forward_s + self.verify_s
-
-    def timing(self) -> StepTiming:
-        """What the budget policy learns from the step."""
-        b = len(self.requests)
-        return StepTiming(
-            b, self.budget.as_plan(), b + sum(self.drafted), self.context_tokens, tuple(self.accepted),
-            self.draft_s, self.forward_s, self.verify_s, self.step_s, self.prefill_s,
-            tuple(r.rid for r in self.requests),
-        )  # fmt: skip
+def renamed_time(obj: Any, name: str) -> Any:
+    """``__getattr__`` of the statistics whose times were renamed: the old name still reads the new field,
+    with a DeprecationWarning; any other missing name is an AttributeError."""
+    if name in _OLD_NAMES:
+        new = _OLD_NAMES[name]
+        warnings.warn(f"{type(obj).__name__}.{name} is now .{new}", DeprecationWarning, stacklevel=3)
+        return getattr(obj, new)
+    raise AttributeError(f"{type(obj).__name__!r} object has no attribute {name!r}")
 
 
 @dataclass
@@ -87,12 +70,13 @@ class EngineStats:
     tokens: int = 0
     accepted: int = 0
     nodes: int = 0  # draft (non-root) nodes verified
-    draft_time: float = 0.0
-    forward_time: float = 0.0  # the verification forward and the output head
-    head_time: float = 0.0  # of forward_time: the output head
-    verify_time: float = 0.0
-    prefill_time: float = 0.0
-    step_time: float = 0.0
+    # seconds per phase over every step (the names of StepRecord's phases)
+    draft_s: float = 0.0
+    forward_s: float = 0.0  # the verification forward and the output head
+    head_s: float = 0.0  # of forward_s: the output head
+    verify_s: float = 0.0
+    prefill_s: float = 0.0  # admitting requests (added as they are prefilled, not by record)
+    step_s: float = 0.0
     drafter_errors: int = 0  # drafter exceptions and refused or cut drafts (the requests decoded plainly)
     request_errors: int = 0  # requests finished with finish_reason="error" (their own input failed)
     repaired: int = 0  # requests whose KV cache rows were rebuilt after a step was interrupted
@@ -100,28 +84,29 @@ class EngineStats:
     compiles: int = 0  # shape buckets of the verification forward compiled or captured (EngineConfig.compile)
     compile_time: float = 0.0  # seconds they took (not counted in the step and forward times)
     # the most recent steps (EngineConfig.history_size of them); the totals above cover every step
-    history: deque[StepTiming] = field(default_factory=lambda: deque(maxlen=1024), repr=False)
+    history: deque[StepRecord] = field(default_factory=lambda: deque(maxlen=1024), repr=False)
 
-    def record(self, step: StepRecord) -> StepTiming:
-        """Add a step to the totals, to its requests' own statistics and to the history; returns the
-        timing the budget policy observes."""
-        timing = step.timing()
+    __getattr__ = renamed_time
+
+    def record(self, step: StepRecord, requests: Sequence[Any]) -> StepRecord:
+        """Add a step to the totals, to its ``requests``' own statistics (the batch in slot order,
+        ``sssd.engine.requests.Request``) and to the history; returns the step."""
         self.steps += 1
         self.tokens += step.tokens
         self.accepted += sum(step.accepted)
-        self.nodes += sum(step.drafted)
-        self.draft_time += step.draft_s
-        self.forward_time += step.forward_s
-        self.head_time += step.head_s
-        self.verify_time += step.verify_s
-        self.step_time += step.step_s
-        for req, drafted, accepted in zip(step.requests, step.drafted, step.accepted, strict=True):
+        self.nodes += step.num_nodes - step.batch_size
+        self.draft_s += step.draft_s
+        self.forward_s += step.forward_s
+        self.head_s += step.head_s
+        self.verify_s += step.verify_s
+        self.step_s += step.step_s
+        for req, drafted, accepted in zip(requests, step.drafted, step.accepted, strict=True):
             st = req.stats
             st.steps += 1
             st.accepted += accepted
             st.draft_nodes += drafted
-            st.draft_time += step.draft_s
-            st.forward_time += step.forward_s
-            st.step_time += step.step_s
-        self.history.append(timing)
-        return timing
+            st.draft_s += step.draft_s
+            st.forward_s += step.forward_s
+            st.step_s += step.step_s
+        self.history.append(step)
+        return step

@@ -43,8 +43,9 @@ from sssd.drafter import Drafter, DrafterConfig
 from sssd.fileio import json_object
 from sssd.integrations.chains import best_chains
 from sssd.integrations.rows import RowTracker
-from sssd.policy.cost_model import CostModel, StepSample
+from sssd.policy.cost_model import CostModel
 from sssd.policy.goodput import choose_budget
+from sssd.policy.interface import StepRecord
 
 log = logging.getLogger("sssd.vllm")
 ENV = "SSSD_VLLM_CONFIG"
@@ -188,9 +189,10 @@ class ChainProposer:
         last, self._last = self._last, None
         if last is None or "end" not in last:
             return None
-        self.cost.observe(StepSample(
-            max(last["rows"], 1), last["ctx"], max(last["rows"], 1) + last["n"], last["n"],
-            forward_s=max(now - last["end"], 0.0), draft_s=last["draft_s"],
+        rows = max(last["rows"], 1)
+        self.cost.observe(StepRecord(
+            rows, last["ctx"], rows + last["n"], last["n"], forward_s=max(now - last["end"], 0.0),
+            draft_s=last["draft_s"],
         ))  # fmt: skip
         if "batch" not in last:
             return None

@@ -16,11 +16,12 @@ and a request waits while admitting it would push a running request over its tar
 A step's walk through the policy: ``plan(view)`` -> the size to propose at (0: plain decoding, no drafter
 call); ``propose_kwargs(view)`` -> extra drafter arguments; ``decide(view, batch)`` -> a ``Decision``
 (a frozen value: the batch to verify, the budget, the predictions and what the feedback needs);
-``observe(decision, timing)`` learns from the measured step. Nothing is handed from one call to the
-next inside the policy: the engine carries the decision (``sssd.engine.policy_guard``). The settings are
-``sssd.policy.config.BudgetConfig``, the per-request state ``sssd.policy.requests.RequestLedger``, the
-pure budget functions ``sssd.policy.goodput``. The engine also takes simpler policies (``plan`` and
-``observe(timing)`` only, e.g. ``FixedBudget``): see ``sssd.policy.interface``.
+``observe(decision, step)`` learns from the measured step (``StepRecord``). Nothing is handed from one
+call to the next inside the policy: the engine carries the decision (``sssd.engine.policy_guard``). The
+settings are ``sssd.policy.config.BudgetConfig``, the per-request state
+``sssd.policy.requests.RequestLedger``, the pure budget functions ``sssd.policy.goodput``. The engine also
+takes simpler policies (``plan`` and ``observe(step)`` only, e.g. ``FixedBudget``): see
+``sssd.policy.interface``.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import numpy as np
 
 from sssd.policy.admission import admit as admit_requests
 from sssd.policy.config import FINISHED_RECORDS, MODES, BudgetConfig  # noqa: F401  (re-exported)
-from sssd.policy.cost_model import CostModel, StepSample, tree_pairs_of
+from sssd.policy.cost_model import CostModel, tree_pairs_of
 from sssd.policy.goodput import (
     BudgetChoice,
     accumulated_probs,
@@ -52,7 +53,7 @@ from sssd.policy.interface import (  # noqa: F401  (re-exported: the hook's type
     AdmitView,
     FixedBudget,
     PolicyHook,
-    StepTiming,
+    StepRecord,
     StepView,
     fifo,
 )
@@ -271,30 +272,18 @@ class BudgetPolicy:
         return ranked, BudgetChoice(k, exp, float(c2.step_s[k]), c2.goodput, c2.step_s)
 
     # -- feedback -----------------------------------------------------------------------------------
-    def observe(self, decision: Decision, timing) -> None:
-        """Learns from one measured step (the engine's :class:`StepTiming`) and the decision it ran: the
+    def observe(self, decision: Decision, step: StepRecord) -> None:
+        """Learns from one measured step (the engine's :class:`StepRecord`) and the decision it ran: the
         cost model, the acceptance check (Σ accepted vs the decision's expected Σf) and per-request TPOT
-        (the requests of ``timing.request_ids``, else of the decision)."""
+        (the requests of ``step.request_ids``, else of the decision)."""
         drafted = decision.drafted
-        b = int(timing.batch_size)
-        accepted = np.asarray(timing.accepted, dtype=np.float64)
-        self.cost.observe(
-            StepSample(
-                batch_size=b,
-                n_context=int(timing.context_tokens),
-                n_batched=int(timing.num_nodes),
-                budget=int(self.config.budget) if drafted else 0,
-                forward_s=float(timing.forward_time),
-                draft_s=float(timing.draft_time),
-                other_s=max(0.0, float(timing.step_time) - timing.forward_time - timing.draft_time),
-                tree_pairs=decision.tree_pairs if drafted else 0.0,
-                head_levels=float(accepted.max(initial=0.0)),
-            )
-        )
+        b = int(step.batch_size)
+        accepted = np.asarray(step.accepted, dtype=np.float64)
+        self.cost.observe(step, drafted=drafted, tree_pairs=decision.tree_pairs if drafted else 0.0)
         self.history.append((b, decision.budget))
-        self._since_plain = 0 if int(timing.num_nodes) <= b else self._since_plain + 1
+        self._since_plain = 0 if int(step.num_nodes) <= b else self._since_plain + 1
         self.trace.append(
-            PolicyStep(b, decision.budget, drafted, decision.predicted_s, float(timing.step_time),
+            PolicyStep(b, decision.budget, drafted, decision.predicted_s, float(step.step_s),
                        decision.expected_accepted, int(accepted.sum()))
         )  # fmt: skip
         if decision.choice is not None:
@@ -312,6 +301,5 @@ class BudgetPolicy:
         if b > 0:
             self._nodes_per_request += 0.05 * (decision.budget / b - self._nodes_per_request)
             self._tokens_per_step += 0.05 * (1.0 + float(accepted.mean()) - self._tokens_per_step)
-        rids = tuple(getattr(timing, "request_ids", ())) or decision.request_ids
-        stall = float(getattr(timing, "prefill_time", 0.0))
-        self.requests.record_step(rids, accepted, float(timing.step_time), stall)
+        rids = step.request_ids or decision.request_ids
+        self.requests.record_step(rids, accepted, float(step.step_s), float(step.prefill_s))

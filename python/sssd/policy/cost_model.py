@@ -21,7 +21,10 @@ A step has three timed parts, each modelled as a function that is linear in its 
   to the small trees the policy happens to pick extrapolates wrongly to the large ones, and because the
   policy only measures what it picks, the error never corrects itself;
 - drafting: ``T_draft = d·B + e·budget + g0`` for a propose call over ``B`` requests at a global budget;
-- bookkeeping (verification, KV commit, drafter updates): ``T_other = h·B + i·N_batched + j``.
+- verify (walking the trees, the KV commit, the bookkeeping): ``T_verify = h·B + i·N_batched + j``.
+
+The parts are the phases of ``sssd.policy.interface.StepRecord`` (``draft_s``, ``forward_s``, ``verify_s``),
+the one record of a step, which is what the model learns from.
 
 Each part is fitted by iteratively reweighted least squares with Huber weights (a few slow steps, e.g. a
 garbage collection or another process on the core, must not drag the fit), non-negative coefficients,
@@ -48,9 +51,12 @@ from pathlib import Path
 
 import numpy as np
 
+from sssd.policy.interface import StepRecord
 from sssd.policy.robust_fit import OnlineLinearFit, huber_irls  # noqa: F401  (huber_irls: re-exported)
 
-PROFILE_VERSION = 3  # 3: tree attention pairs; 2: one slope per token segment; 1: one slope (all load)
+# 4: the bookkeeping part named "verify" (was "other"); 3: tree attention pairs; 2: one slope per token
+# segment; 1: one slope (all load)
+PROFILE_VERSION = 4
 
 # Knots of the piecewise-linear token cost: segment i covers [KNOTS[i], KNOTS[i+1]] scored tokens, the last
 # one everything above KNOTS[-1] (prefills of long prompts).
@@ -65,7 +71,7 @@ _SEG = slice(1, 1 + len(SEGMENTS))  # the token segments' columns
 _ATT = 1 + len(SEGMENTS)  # the tree attention pairs' column
 _LEV = 2 + len(SEGMENTS)  # the extra output-head levels' column
 DRAFT_FEATURES = ("batch_size", "budget", "const")
-OTHER_FEATURES = ("batch_size", "n_batched", "const")
+VERIFY_FEATURES = ("batch_size", "n_batched", "const")
 
 
 def token_segments(n_batched) -> np.ndarray:
@@ -112,31 +118,16 @@ def forward_features(
 
 
 @dataclass(frozen=True)
-class StepSample:
-    """Measured times (seconds) and sizes of one engine step, the cost model's unit of evidence."""
-
-    batch_size: int  # requests in the step
-    n_context: int  # committed tokens over all requests
-    n_batched: int  # tokens scored by the forward (roots + draft nodes)
-    budget: int  # global budget the drafter was asked for (0 = no propose call)
-    forward_s: float
-    draft_s: float = 0.0
-    other_s: float = 0.0
-    tree_pairs: float | None = None  # query-key pairs the trees add (None: estimated as evenly spread)
-    head_levels: float = 0.0  # output-head calls beyond the first: the longest accepted draft path
-
-
-@dataclass(frozen=True)
 class StepCost:
     """Predicted times (seconds) of a step; arrays broadcast over candidate budgets."""
 
     forward: np.ndarray
     draft: np.ndarray
-    other: np.ndarray
+    verify: np.ndarray
 
     @property
     def total(self) -> np.ndarray:
-        return self.forward + self.draft + self.other
+        return self.forward + self.draft + self.verify
 
 
 def _forward_prior(forward) -> np.ndarray:
@@ -171,13 +162,13 @@ def _forward_prior(forward) -> np.ndarray:
 # of one more depth) 10% of it.
 DEFAULT_FORWARD = (2e-8, 2e-4, 0.0, 5e-3, 5e-8, 5e-4)
 DEFAULT_DRAFT = (5e-5, 1e-6, 5e-5)
-DEFAULT_OTHER = (5e-5, 1e-6, 2e-4)
+DEFAULT_VERIFY = (5e-5, 1e-6, 2e-4)
 
 
 class CostModel:
-    """Predicts step time from batch shape; fitted online from :class:`StepSample` samples.
+    """Predicts step time from batch shape; fitted online from the engine's :class:`StepRecord` of each step.
 
-    ``forward``/``draft``/``other``: seed coefficients (see :func:`_forward_prior` for the forward's
+    ``forward``/``draft``/``verify``: seed coefficients (see :func:`_forward_prior` for the forward's
     forms); left out, the built-in relative prior of that part is used. ``extend_slope``: token segments
     beyond the largest forward in the window take the slope of the last one measured (False: the prior's),
     a segment counting as measured while samples worth ``extend_evidence`` (after forgetting) cover half
@@ -187,7 +178,7 @@ class CostModel:
         self,
         forward: tuple | None = None,
         draft: tuple[float, float, float] | None = None,
-        other: tuple[float, float, float] | None = None,
+        verify: tuple[float, float, float] | None = None,
         *,
         window: int = 512,
         forget: float = 0.99,
@@ -209,8 +200,8 @@ class CostModel:
         self.draft = OnlineLinearFit(
             DRAFT_FEATURES, np.array(draft or DEFAULT_DRAFT), relative_prior=draft is None, **slow
         )
-        self.other = OnlineLinearFit(
-            OTHER_FEATURES, np.array(other or DEFAULT_OTHER), relative_prior=other is None, **slow
+        self.verify = OnlineLinearFit(
+            VERIFY_FEATURES, np.array(verify or DEFAULT_VERIFY), relative_prior=verify is None, **slow
         )
         self.meta = dict(meta or {})
 
@@ -237,21 +228,21 @@ class CostModel:
         k = np.asarray(budgets, dtype=np.float64)
         n_batched = batch_size + k
         f = self.forward.coef
-        oa, ob, oc = self.other.coef
+        oa, ob, oc = self.verify.coef
         da, db, dc = self.draft.coef
         pairs = tree_pairs_estimate(batch_size, n_context, k) if tree_pairs is None else tree_pairs
         fwd = f[0] * n_context + token_segments(n_batched) @ f[_SEG] + f[_ATT] * np.asarray(pairs)
         if head_levels is not None:
             fwd = fwd + f[_LEV] * np.asarray(head_levels, dtype=np.float64)
         fwd = fwd + f[-2] * (k > 0) + f[-1]
-        oth = oa * batch_size + ob * n_batched + oc
+        ver = oa * batch_size + ob * n_batched + oc
         kd = k if draft_budget is None else float(draft_budget)
         drf = da * batch_size + db * kd + dc + 0.0 * k
         if drafted is None:
             drf = np.where(k > 0, drf, 0.0)
         elif not drafted:
             drf = np.zeros_like(k)
-        return StepCost(np.maximum(fwd, 0.0), np.maximum(drf, 0.0), np.maximum(oth, 0.0))
+        return StepCost(np.maximum(fwd, 0.0), np.maximum(drf, 0.0), np.maximum(ver, 0.0))
 
     def measured_tokens(self) -> int:
         """The most tokens any forward in the model's window scored (0 before the first step)."""
@@ -271,28 +262,38 @@ class CostModel:
         if n > m >= 2:
             at = lambda x: float(self.forward.predict(np.array(forward_features(0, x, x, 0.0))))  # noqa: E731
             fwd = max(fwd, at(m) + (n - m) * (at(m) - at(1)) / (m - 1))
-        oth = self.other.predict(np.array([1.0, 1.0, 1.0]))
-        return float(max(fwd, 0.0) + max(oth, 0.0))
+        ver = self.verify.predict(np.array([1.0, 1.0, 1.0]))
+        return float(max(fwd, 0.0) + max(ver, 0.0))
 
     def draft_time(self, batch_size: int, budget: int) -> float:
         return max(0.0, float(self.draft.predict(np.array([batch_size, budget, 1.0]))))
 
     # -- online update ------------------------------------------------------------------------------
-    def observe(self, t: StepSample) -> None:
-        """Adds one measured step; each part refits every few samples."""
-        if t.batch_size < 1 or t.n_batched < t.batch_size or t.n_context < 0 or t.budget < 0:
-            raise ValueError(f"inconsistent step timing: {t}")
-        x = forward_features(t.n_context, t.n_batched, t.batch_size, t.tree_pairs, t.head_levels)
-        self.forward.add(x, t.forward_s)
-        if t.budget > 0 and t.draft_s > 0:
-            self.draft.add([t.batch_size, t.budget, 1.0], t.draft_s)
-        self.other.add([t.batch_size, t.n_batched, 1.0], t.other_s)
+    def observe(
+        self, step: StepRecord, *, drafted: bool | None = None, tree_pairs: float | None = None
+    ) -> None:
+        """Adds one measured step (the engine's record); each part refits every few samples. ``drafted``:
+        whether the drafter was called (default: the step has drafting time and a budget), its budget the
+        plan's total; ``tree_pairs``: the trees' attention pairs (:func:`tree_pairs_of`; default the
+        even-spread estimate). The output head's calls beyond the first are the longest accepted path."""
+        b = step.batch_size
+        if b < 1:
+            raise ValueError(f"a step of no request cannot be observed: {step}")
+        if drafted is None:
+            drafted = step.draft_s > 0 and step.draft_budget > 0
+        levels = max(step.accepted, default=0)
+        x = forward_features(step.context_tokens, step.num_nodes, b, tree_pairs, levels)
+        self.forward.add(x, step.forward_s)
+        if drafted and step.draft_budget > 0 and step.draft_s > 0:
+            self.draft.add([b, step.draft_budget, 1.0], step.draft_s)
+        self.verify.add([b, step.num_nodes, 1.0], step.verify_s)
 
-    def fit(self, timings) -> CostModel:
-        """Adds every timing then refits all parts (calibration run or a saved profile's samples)."""
-        for t in timings:
-            self.observe(t)
-        for part in (self.forward, self.draft, self.other):
+    def fit(self, steps, **kw) -> CostModel:
+        """Adds every step (``observe``, with ``kw``) then refits all parts (a calibration run or a saved
+        profile's samples)."""
+        for t in steps:
+            self.observe(t, **kw)
+        for part in (self.forward, self.draft, self.verify):
             if part.num_samples:
                 part.refit()
         return self
@@ -313,7 +314,7 @@ class CostModel:
                 "const": float(f[-1]),
             },
             "draft": dict(zip(DRAFT_FEATURES, map(float, self.draft.coef), strict=True)),
-            "other": dict(zip(OTHER_FEATURES, map(float, self.other.coef), strict=True)),
+            "verify": dict(zip(VERIFY_FEATURES, map(float, self.verify.coef), strict=True)),
         }
 
     @classmethod
@@ -331,16 +332,17 @@ class CostModel:
                 float(fw["n_context"]), slopes, float(fw.get("tree", 0.0)), float(fw["const"]),
                 float(fw.get("tree_attention", 0.0)), float(fw.get("head_levels", 0.0)),
             )  # fmt: skip
-            draft, other = (
+            verify_part = "verify" if "verify" in d else "other"  # "other" up to version 3
+            draft, verify = (
                 tuple(float(d[part][f]) for f in feats)
-                for part, feats in (("draft", DRAFT_FEATURES), ("other", OTHER_FEATURES))
+                for part, feats in (("draft", DRAFT_FEATURES), (verify_part, VERIFY_FEATURES))
             )
         except (KeyError, TypeError) as e:
             raise ValueError(f"cost profile is missing a coefficient: {e}") from None
-        values = [forward[0], *np.ravel(forward[1]), *forward[2:], *draft, *other]
+        values = [forward[0], *np.ravel(forward[1]), *forward[2:], *draft, *verify]
         if any(not math.isfinite(v) or v < 0 for v in values):
             raise ValueError("cost profile coefficients must be finite and non-negative")
-        return cls(forward, draft, other, meta=d.get("meta", {}), **kw)
+        return cls(forward, draft, verify, meta=d.get("meta", {}), **kw)
 
     def save(self, path: str | os.PathLike, extra: dict | None = None) -> None:
         """Writes the profile as JSON (atomically: temporary file + rename)."""
@@ -363,11 +365,11 @@ class CostModel:
         return cls.from_dict(d, **kw)
 
     def __repr__(self) -> str:
-        f, d, o = self.forward.coef, self.draft.coef, self.other.coef
+        f, d, o = self.forward.coef, self.draft.coef, self.verify.coef
         at = {n: float(self.predict(1, 0, n - 1, drafted=False).forward) for n in (1, 8, 32, 128)}
         return (
             f"CostModel(forward={f[0]:.3g}·ctx + {f[-2]:.3g}·tree + g(tokens) with g(1) = {at[1]:.3g}, "
             f"g(8) = {at[8]:.3g}, g(32) = {at[32]:.3g}, g(128) = {at[128]:.3g} (context 0), "
             f"draft={d[0]:.3g}·B + {d[1]:.3g}·k + {d[2]:.3g}, "
-            f"other={o[0]:.3g}·B + {o[1]:.3g}·tok + {o[2]:.3g})"
+            f"verify={o[0]:.3g}·B + {o[1]:.3g}·tok + {o[2]:.3g})"
         )

@@ -1,14 +1,15 @@
 """The engine's budget-policy hook: what a policy sees (``StepView``, ``AdmitView``), what it learns after
-each step (``StepTiming``), the protocol (``PolicyHook``), the minimal policy (``FixedBudget``) and the
-minimal batch a drafter returns (``PlainDraftBatch``).
+each step (``StepRecord``: the one record of a step, which the cost model and ``EngineStats`` keep too),
+the protocol (``PolicyHook``), the minimal policy (``FixedBudget``) and the minimal batch a drafter
+returns (``PlainDraftBatch``).
 
 A policy is any object with ``plan(view: StepView)`` (the step's budget: a global int or one per
 request; 0 = plain decoding) and ``observe``. A *deciding* policy (``DecidingPolicy``; the adaptive
 ``sssd.policy.adaptive.BudgetPolicy``, the engine's default) also has ``decide(view, batch) ->
 Decision`` (``sssd.policy.records``: the part of the proposed batch to verify, or a plain step for
-``batch=None``, and what it predicted), and learns with ``observe(decision, timing: StepTiming)``: the
+``batch=None``, and what it predicted), and learns with ``observe(decision, record: StepRecord)``: the
 engine holds the decision through the step, so the policy hands nothing over between its calls. A
-simple policy (``PolicyHook``, e.g. ``FixedBudget``) learns with ``observe(timing)`` and may cut the
+simple policy (``PolicyHook``, e.g. ``FixedBudget``) learns with ``observe(record)`` and may cut the
 proposed batch with ``select(view, batch)``. Optional hooks of both: ``propose_kwargs(view)`` (extra
 drafter arguments), ``admit(view: AdmitView)`` (who joins the batch) and ``remove_request(rid)``.
 """
@@ -49,20 +50,52 @@ def fifo(view: AdmitView) -> list[int]:
 
 
 @dataclass(frozen=True)
-class StepTiming:
-    """One finished step. Times in seconds."""
+class StepRecord:
+    """One finished step, as the engine measured it: what a policy's ``observe`` learns from, what the cost
+    model is fitted on (``CostModel.observe``) and what ``EngineStats.history`` keeps. Times in seconds;
+    per-request tuples in batch (slot) order.
+
+    The phases of a step (docs/architecture.md): ``draft_s`` (the policy's plan, the drafter's propose
+    call, checking its trees), ``forward_s`` (the verification forward, the output head included: ``head_s``
+    is its part), ``verify_s`` (walking the trees, the KV commit and the bookkeeping: appending tokens,
+    the drafter's update, retiring requests). ``step_s`` is their sum. ``prefill_s`` (admitting requests
+    just before the step, while the running ones wait) is not part of it.
+    """
 
     batch_size: int
-    budget: int | tuple[int, ...]  # what plan() returned (after per-request overrides)
-    num_nodes: int  # nodes in the forward, roots included
-    context_tokens: int  # committed tokens attended to (sum over requests, before the step)
-    accepted: tuple[int, ...]  # accepted draft nodes per request (bonus excluded)
-    draft_time: float
-    forward_time: float
-    verify_time: float  # verification + KV commit + bookkeeping
-    step_time: float
-    prefill_time: float = 0.0  # admitting (prefilling) requests just before this step; running ones wait
-    request_ids: tuple[int, ...] = ()  # the batch, in the order of ``accepted`` (empty: not given)
+    context_tokens: int  # committed tokens attended to (sum over the batch, before the step)
+    num_nodes: int  # tokens the forward scored: one root per request + the draft nodes
+    budget: int | tuple[int, ...] = 0  # the step's plan (after per-request overrides); 0: plain decoding
+    accepted: tuple[int, ...] = ()  # [B] accepted draft nodes per request (the next token not counted)
+    draft_s: float = 0.0
+    forward_s: float = 0.0
+    head_s: float = 0.0  # of forward_s: the output head over the rows verification asked for
+    verify_s: float = 0.0
+    prefill_s: float = 0.0
+    request_ids: tuple[int, ...] = ()  # [B] the batch (empty: not known)
+    drafted: tuple[int, ...] = ()  # [B] draft nodes verified per request (empty: not known)
+    tokens: int = 0  # tokens handed to the callers (truncated at stops; an interrupted step's too)
+
+    def __post_init__(self) -> None:
+        for name in ("accepted", "request_ids", "drafted"):  # lists (JSON, callers) become tuples
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        k = self.budget
+        object.__setattr__(self, "budget", int(k) if np.ndim(k) == 0 else tuple(int(x) for x in k))
+        b = self.batch_size
+        if b < 0 or self.num_nodes < b or self.context_tokens < 0:
+            raise ValueError(f"inconsistent step record: {self}")
+        for name in ("accepted", "request_ids", "drafted"):
+            if len(getattr(self, name)) not in (0, b):
+                raise ValueError(f"StepRecord.{name} must have one entry per request ({b}) or none")
+
+    @property
+    def step_s(self) -> float:
+        return self.draft_s + self.forward_s + self.verify_s
+
+    @property
+    def draft_budget(self) -> int:
+        """Draft nodes the drafter was asked for in all (the plan's total)."""
+        return self.budget if isinstance(self.budget, int) else sum(self.budget)
 
 
 @dataclass(frozen=True)
@@ -85,7 +118,7 @@ class PolicyHook(Protocol):
 
     def plan(self, view: StepView) -> int | Sequence[int]: ...
 
-    def observe(self, timing: StepTiming) -> None: ...
+    def observe(self, record: StepRecord) -> None: ...
 
 
 class DecidingPolicy(Protocol):
@@ -95,7 +128,7 @@ class DecidingPolicy(Protocol):
 
     def decide(self, view: StepView, batch: Any) -> Any: ...  # a sssd.policy.records.Decision
 
-    def observe(self, decision: Any, timing: StepTiming) -> None: ...
+    def observe(self, decision: Any, record: StepRecord) -> None: ...
 
 
 # Draft nodes per step when nobody says: EngineConfig.budget, FixedBudget and BudgetConfig (mode "fixed":
@@ -120,5 +153,5 @@ class FixedBudget:
             return [self.budget] * len(view.request_ids)
         return self.budget
 
-    def observe(self, timing: StepTiming) -> None:
+    def observe(self, record: StepRecord) -> None:
         pass

@@ -15,13 +15,13 @@ import os
 import platform
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from sssd.policy.cost_model import CostModel, StepSample, forward_features
-from sssd.policy.interface import PlainDraftBatch
+from sssd.policy.cost_model import CostModel, forward_features
+from sssd.policy.interface import PlainDraftBatch, StepRecord
 
 
 @dataclass(frozen=True)
@@ -94,17 +94,17 @@ class SyntheticDrafter:
 
 
 class _Recorder:
-    """Budget policy for profiling: plans ``budget``; keeps the engine's step timings."""
+    """Budget policy for profiling: plans ``budget``; keeps the engine's step records."""
 
     def __init__(self) -> None:
         self.budget = 0
-        self.timings: list[Any] = []
+        self.steps: list[StepRecord] = []
 
     def plan(self, view) -> int:
         return self.budget
 
-    def observe(self, timing) -> None:
-        self.timings.append(timing)
+    def observe(self, step: StepRecord) -> None:
+        self.steps.append(step)
 
 
 # make_engine(drafter, policy, max_batch_size, cache_rows) -> an engine (``sssd.Engine``) running the
@@ -119,15 +119,16 @@ def profile_forward(
     *,
     seed: int = 0,
     progress: Callable[[str], None] | None = None,
-) -> list[StepSample]:
-    """Engine steps over the grid; one :class:`StepSample` per measured step (draft part excluded).
+) -> list[StepRecord]:
+    """Engine steps over the grid; the record of each measured step (its drafting time left out: the
+    synthetic drafter's is not the real one's, ``profile_drafting`` times that).
 
     make_engine: builds one engine per (batch size, context) point, see ``EngineFactory``; vocab_size:
     the model's vocabulary (random prompt and draft tokens are drawn below it).
     """
     vocab = int(vocab_size)
     rng = np.random.default_rng(seed)
-    out: list[StepSample] = []
+    out: list[StepRecord] = []
     for b in grid.batch_sizes:
         for ctx in grid.contexts:
             rec = _Recorder()
@@ -138,23 +139,12 @@ def profile_forward(
             for k in grid.budgets:
                 rec.budget = k
                 eng.step()  # warm-up (and admission/prefill on the first point)
-                start = len(rec.timings)
+                start = len(rec.steps)
                 for _ in range(grid.steps):
                     eng.step()
-                for t in rec.timings[start:]:
-                    out.append(
-                        StepSample(
-                            batch_size=t.batch_size,
-                            n_context=t.context_tokens,
-                            n_batched=t.num_nodes,
-                            budget=0,
-                            forward_s=t.forward_time,
-                            draft_s=0.0,
-                            other_s=max(0.0, t.step_time - t.forward_time - t.draft_time),
-                        )
-                    )
+                out.extend(replace(t, draft_s=0.0) for t in rec.steps[start:])
                 if progress:
-                    ms = 1e3 * np.median([t.forward_time for t in rec.timings[start:]])
+                    ms = 1e3 * np.median([t.forward_s for t in rec.steps[start:]])
                     progress(f"forward  batch {b:3d}  context {ctx:5d}  tree {k:4d}: {ms:8.2f} ms")
     return out
 
@@ -186,14 +176,14 @@ def profile_drafting(
     return out
 
 
-def fit_profile(forward: Sequence[StepSample], drafting: Sequence[tuple[int, int, float]], meta=None):
+def fit_profile(forward: Sequence[StepRecord], drafting: Sequence[tuple[int, int, float]], meta=None):
     """A CostModel fitted on the samples alone (no prior)."""
     cm = CostModel(prior_weight=0.0, window=max(16, len(forward) + len(drafting)), forget=1.0, meta=meta)
     for s in forward:
         cm.observe(s)
     for b, k, t in drafting:
         cm.draft.add([b, k, 1.0], t)
-    for part in (cm.forward, cm.draft, cm.other):
+    for part in (cm.forward, cm.draft, cm.verify):
         if part.num_samples:
             part.refit()
     return cm
@@ -215,17 +205,30 @@ def machine_meta(model_name: str) -> dict:
     }
 
 
-def samples_json(forward: Sequence[StepSample], drafting) -> dict:
+def samples_json(forward: Sequence[StepRecord], drafting) -> dict:
     return {
         "forward_samples": [asdict(s) for s in forward],
         "draft_samples": [{"batch_size": b, "budget": k, "seconds": t} for b, k, t in drafting],
     }
 
 
-def fit_error(cm: CostModel, forward: Sequence[StepSample]) -> float:
+# the forward samples' field names in profiles written before a step had one record (StepRecord)
+_OLD_SAMPLE_NAMES = {"n_context": "context_tokens", "n_batched": "num_nodes", "other_s": "verify_s"}
+
+
+def step_from_json(d: dict) -> StepRecord:
+    """A forward sample of a profile file (``samples_json``; older files' names are read too)."""
+    d = {_OLD_SAMPLE_NAMES.get(k, k): v for k, v in d.items() if k not in ("tree_pairs", "head_levels")}
+    try:
+        return StepRecord(**d)
+    except TypeError as e:
+        raise ValueError(f"not a step record of a cost profile: {e}") from None
+
+
+def fit_error(cm: CostModel, forward: Sequence[StepRecord]) -> float:
     """Median relative error of the fitted forward model on its samples."""
     if not forward:
         return float("nan")
-    x = np.array([forward_features(s.n_context, s.n_batched, s.batch_size) for s in forward])
+    x = np.array([forward_features(s.context_tokens, s.num_nodes, s.batch_size) for s in forward])
     y = np.array([s.forward_s for s in forward])
     return float(np.median(np.abs(cm.forward.predict(x) - y) / np.maximum(y, 1e-9)))
