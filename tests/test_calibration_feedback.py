@@ -74,14 +74,14 @@ def _run(drafter: OverProposing, budget: int, **cfg) -> tuple[float, int]:
 @pytest.mark.parametrize("per_request", [False, True])
 def test_nodes_cut_to_the_budget_are_not_recorded(per_request):
     drafter = OverProposing(factor=3)
-    gained, expected = _run(drafter, budget=4, budget_mode="fixed", per_request_budget=per_request)
+    gained, expected = _run(drafter, budget=4, budget_mode="per_request" if per_request else "fixed")
     assert expected > 0
     assert gained == pytest.approx(expected, abs=1e-3)
 
 
 def test_refused_trees_are_not_recorded():
     drafter = OverProposing(factor=1, break_rids=(1,))
-    gained, expected = _run(drafter, budget=6, budget_mode="fixed", per_request_budget=True)
+    gained, expected = _run(drafter, budget=6, budget_mode="per_request")
     assert expected > 0
     assert gained == pytest.approx(expected, abs=1e-3)
 

@@ -48,8 +48,8 @@ def test_help_prints_the_defaults(capsys):
     assert e.value.code == 0
     text = " ".join(capsys.readouterr().out.split())  # undo argparse's line wrapping
     for piece in (
-        "--budget BUDGET draft nodes per step for the whole batch (adaptive mode: at most); 0 = plain "
-        "decoding (default: 16)",
+        "--budget BUDGET draft nodes per step for the whole batch (adaptive mode: at most; per_request: "
+        "for each request); 0 = plain decoding (default: 16)",
         "(default: on when the model has one)",
         "--no-chat",
         "(default: adaptive)",

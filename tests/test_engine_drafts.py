@@ -205,7 +205,7 @@ class HugeDrafter(ToyDrafter):
 def test_a_tree_of_2000_nodes_is_cut_to_the_budget(per_request):
     """Seen: 4,000 nodes verified per step at budget 16."""
     want = [hf_greedy(tiny_model("llama"), p, 12) for p in PROMPTS[:2]]
-    cfg = EngineConfig(budget=16, budget_mode="fixed", per_request_budget=per_request)
+    cfg = EngineConfig(budget=16, budget_mode="per_request" if per_request else "fixed")
     e = Engine(tiny_model("llama"), drafter=HugeDrafter(2000, "fan"), config=cfg)
     assert [r.tokens for r in e.generate(PROMPTS[:2], max_new_tokens=12, eos_token_ids=())] == want
     limit = 16 * (2 if per_request else 1)

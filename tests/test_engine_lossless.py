@@ -72,7 +72,11 @@ def test_adversarial_trees_equal_plain(family, shape, budget):
     prompts = make_prompts(4, seed=3)
     plain = run(family, prompts, budget=0)
     spec = run(
-        family, prompts, RandomTreeDrafter(VOCAB, shape, seed=budget), budget=budget, per_request_budget=True
+        family,
+        prompts,
+        RandomTreeDrafter(VOCAB, shape, seed=budget),
+        budget=budget,
+        budget_mode="per_request",
     )
     assert spec == plain == [reference(family, p) for p in prompts]
 
@@ -129,7 +133,7 @@ def test_eos_and_max_new_tokens_truncate_accepted_tokens():
     eos = refs[0][7]  # a token the first request produces mid-way
     drafter = oracle(family, prompts, p_wrong=0.0)
     engine = Engine(
-        tiny_model(family), drafter=drafter, config=EngineConfig(budget=64, per_request_budget=True)
+        tiny_model(family), drafter=drafter, config=EngineConfig(budget=64, budget_mode="per_request")
     )
     res = engine.generate(prompts, max_new_tokens=10, eos_token_ids=(eos,))
     for ref, r in zip(refs, res, strict=True):

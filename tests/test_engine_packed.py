@@ -96,7 +96,7 @@ def test_packed_adversarial_trees_and_joins_equal_plain(attention):
             prompts,
             drafter,
             budget=20,
-            per_request_budget=True,
+            budget_mode="per_request",
             max_batch_size=3,
             attention=attention,
         )
@@ -123,7 +123,7 @@ def test_trees_over_the_kernel_limit_and_long_prefill_chunks_use_sdpa(monkeypatc
         RandomTreeDrafter(VOCAB, "random", seed=1),
         new=12,
         budget=200,
-        per_request_budget=True,
+        budget_mode="per_request",
         prefill_chunk=200,
         attention="packed",
     )
@@ -217,7 +217,7 @@ def test_gpu_float32_reference_mode_is_lossless():
         pytest.skip("needs a CUDA device and the CUDA extension")
     model = _gpu_model(torch.float32)
     prompts = make_prompts(4, seed=21)
-    cfg = dict(budget=16, per_request_budget=True, max_batch_size=4)
+    cfg = dict(budget=16, budget_mode="per_request", max_batch_size=4)
     plain = Engine(model, config=EngineConfig(budget=0, attention="packed"))
     want = [r.tokens for r in plain.generate(prompts, max_new_tokens=24, eos_token_ids=())]
     spec = Engine(model, drafter=RandomTreeDrafter(VOCAB, "random", seed=2), config=EngineConfig(**cfg))

@@ -9,8 +9,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from sssd.engine.engine import Engine, EngineConfig  # noqa: E402
-from sssd.policy.adaptive import BudgetConfig, BudgetPolicy, FixedBudget  # noqa: E402
+from sssd.engine.engine import Engine, EngineConfig, _default_policy  # noqa: E402
+from sssd.policy.adaptive import BudgetConfig, BudgetPolicy, FixedBudget, StepView  # noqa: E402
 from sssd.policy.cost_model import CostModel  # noqa: E402
 from sssd.policy.goodput import accumulated_probs  # noqa: E402
 
@@ -104,6 +104,20 @@ def test_adaptive_is_the_default_and_lossless_with_the_real_drafter():
     assert isinstance(fixed.policy, FixedBudget)
 
 
+def test_one_way_to_set_a_fixed_budget():
+    """EngineConfig(budget=k, budget_mode=...) sets the budget; the older ways warn and map onto it."""
+    view = StepView([1, 2, 3], [5, 5, 5], [9, 9, 9], [None] * 3)
+    assert _default_policy(EngineConfig(budget=6, budget_mode="fixed")).plan(view) == 6
+    assert _default_policy(EngineConfig(budget=6, budget_mode="per_request")).plan(view) == [6, 6, 6]
+    with pytest.warns(DeprecationWarning, match="budget_mode='per_request'"):
+        old = EngineConfig(budget=6, per_request_budget=True)
+    assert old.budget_mode == "per_request" and _default_policy(old).plan(view) == [6, 6, 6]
+    with pytest.warns(DeprecationWarning, match="budget_mode='fixed'"):
+        EngineConfig(policy=FixedBudget(6))
+    with pytest.raises(ValueError, match="budget_mode must be one of"):
+        EngineConfig(budget_mode="static")
+
+
 def test_slo_targets_through_the_engine_hook():
     import sssd
 
@@ -152,7 +166,7 @@ def test_admission_through_the_engine_hook(with_slo):
 def test_policy_without_admit_hook_is_fifo():
     model = tiny_model("llama")
     prompts = _prompts(3, seed=6)
-    eng = Engine(model, config=EngineConfig(policy=FixedBudget(0), max_batch_size=2))
+    eng = Engine(model, config=EngineConfig(budget=0, budget_mode="fixed", max_batch_size=2))
     rids = [eng.add_request(p, max_new_tokens=4, eos_token_ids=[]) for p in prompts]
     eng.step()
     assert [r.rid for r in eng._active] == rids[:2]

@@ -202,7 +202,7 @@ def test_the_target_as_its_own_drafter_accepts_whole_chains():
     prompts = make_prompts(3, seed=21)
     drafter = sssd.ModelDrafter(tiny_model(family), sssd.ModelDrafterConfig(expansion=(1,) * 6))
     engine = Engine(
-        tiny_model(family), drafter=drafter, config=EngineConfig(budget=6, per_request_budget=True)
+        tiny_model(family), drafter=drafter, config=EngineConfig(budget=6, budget_mode="per_request")
     )
     res = engine.generate(prompts, max_new_tokens=28, eos_token_ids=())
     assert [r.tokens for r in res] == [reference(family, p, 28) for p in prompts]
@@ -247,7 +247,7 @@ def test_sampling_drafter_keeps_the_target_distribution(distinct):
     # a low draft temperature makes i.i.d. siblings repeat often
     cfg = sssd.ModelDrafterConfig(expansion=(3, 2), sampling=True, distinct=distinct, temperature=0.5, seed=0)
     engine = Engine(target, drafter=sssd.ModelDrafter(draft, cfg),
-                    config=EngineConfig(budget=9, per_request_budget=True, max_batch_size=64))  # fmt: skip
+                    config=EngineConfig(budget=9, budget_mode="per_request", max_batch_size=64))  # fmt: skip
     n = 1536
     res = engine.generate([prompt] * n, max_new_tokens=3, temperature=1.0, seed=0, eos_token_ids=())
     firsts = [r.tokens[0] for r in res]

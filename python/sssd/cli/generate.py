@@ -21,6 +21,7 @@ from sssd.cli.header import NOTE, describe_run, ignored_options
 from sssd.cli.speedup import speedup_notes, tree_cost
 from sssd.cli.stream_print import StreamPrinter
 from sssd.models.loading import DTYPE_CHOICES, DTYPE_HELP
+from sssd.policy.budget_mode import BUDGET_MODES
 from sssd.policy.contention import ContentionMeter
 
 NAME = "generate"
@@ -61,14 +62,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--budget",
         type=integer(lo=0),
         default=16,
-        help="draft nodes per step for the whole batch (adaptive mode: at most); 0 = plain decoding",
+        help="draft nodes per step for the whole batch (adaptive mode: at most; per_request: for each "
+        "request); 0 = plain decoding",
     )
     p.add_argument(
         "--budget-mode",
-        choices=("adaptive", "fixed"),
+        choices=BUDGET_MODES,
         default="adaptive",
         help="adaptive: each step the budget in 0..--budget with the best expected goodput; fixed: "
-        "always --budget",
+        "always --budget for the batch; per_request: always --budget for each request",
     )
     p.add_argument("--cost-profile", help="cost profile JSON from `sssd profile` (seeds adaptive mode)")
     p.add_argument(

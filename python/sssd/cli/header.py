@@ -18,7 +18,7 @@ def ignored_options(args: argparse.Namespace) -> list[str]:
             notes.append("--datastore is not used: --budget 0 is plain decoding (no drafting)")
         if args.baseline:
             notes.append("--baseline is not run: --budget 0 is already plain decoding")
-    if args.cost_profile and (args.budget == 0 or args.budget_mode == "fixed"):
+    if args.cost_profile and (args.budget == 0 or args.budget_mode != "adaptive"):
         notes.append("--cost-profile is not used: it seeds only --budget-mode adaptive with --budget > 0")
     if args.temperature == 0:
         given = [
@@ -40,8 +40,9 @@ def ignored_options(args: argparse.Namespace) -> list[str]:
 def _policy(args: argparse.Namespace) -> str:
     if args.budget == 0:
         return "plain decoding (--budget 0: no drafting)"
-    if args.budget_mode == "fixed":
-        return f"fixed budget: {args.budget} draft nodes per step for the batch"
+    if args.budget_mode != "adaptive":
+        per = "each request" if args.budget_mode == "per_request" else "the batch"
+        return f"fixed budget: {args.budget} draft nodes per step for {per}"
     seed = f"seeded from {args.cost_profile}" if args.cost_profile else "default prior"
     return (
         f"adaptive budget: the best expected goodput in 0..{args.budget} draft nodes per step for the batch "

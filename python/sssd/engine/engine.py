@@ -21,9 +21,10 @@ has ``observe(record)`` and optionally ``select(view, batch)``. Optional hooks: 
 -> dict`` (extra ``propose`` arguments, e.g. SLO targets) and ``admit(view: AdmitView) -> list[int]``
 (which waiting requests join the batch now; FIFO without it). Without a policy the engine uses the adaptive
 ``BudgetPolicy`` (``budget_mode="adaptive"``: the goodput-optimal global budget in 0..``budget`` each step)
-or ``FixedBudget(config.budget, config.per_request_budget)``. A request's own ``budget`` (given to
-``add_request``) overrides the plan for that request. What a policy returns is checked
-(``sssd.engine.policy_guard``): a misbehaving policy costs a step its speculation, never a request.
+or a fixed budget (``budget_mode="fixed"`` or ``"per_request"``: ``sssd.policy.budget_mode``, the one way
+to set it). A request's own ``budget`` (given to ``add_request``) overrides the plan for that request.
+What a policy returns is checked (``sssd.engine.policy_guard``): a misbehaving policy costs a step its
+speculation, never a request.
 
 Threads: one thread drives the engine (``step``, ``generate``, ``stream``); ``add_request``, ``abort``,
 ``result`` and ``has_unfinished`` may be called from any thread, also while a step runs. ``add_request``
@@ -66,22 +67,24 @@ from sssd.engine.threads import one_step_at_a_time
 from sssd.engine.trees import check_drafts, root_tree
 from sssd.engine.verify import verify_step
 from sssd.kernels.linear import LINEAR_BACKENDS
-from sssd.policy.interface import DEFAULT_BUDGET, FixedBudget, StepRecord, StepView
+from sssd.policy.budget_mode import check_budget_mode, default_policy
+from sssd.policy.interface import DEFAULT_BUDGET, StepRecord, StepView
 
 log = logging.getLogger("sssd.engine")
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    budget: int = DEFAULT_BUDGET  # draft nodes per step for the whole batch (or per request, see below)
-    per_request_budget: bool = False  # True: every tree gets `budget` nodes
+    budget: int = DEFAULT_BUDGET  # draft nodes per step: the most (adaptive) or always (fixed), see below
+    per_request_budget: bool = False  # deprecated: budget_mode="per_request"
     max_batch_size: int = 8  # requests verified together; more wait in a queue
     prefill_chunk: int = 512  # prompt tokens per prefill forward
     initial_cache_rows: int = 256  # KV rows preallocated per request (grown on demand)
     policy: Any = None  # a budget policy; None = the default below
-    # Default policy: "adaptive" (BudgetPolicy: each step the goodput-optimal global budget in 0..budget,
-    # from a cost model refined online from the engine's own steps, seeded by `cost_profile` if given) or
-    # "fixed" (FixedBudget(budget, per_request_budget)). per_request_budget implies "fixed".
+    # The one way to set the budget (sssd.policy.budget_mode): "adaptive" (BudgetPolicy: each step the
+    # goodput-optimal global budget in 0..budget, from a cost model refined online from the engine's own
+    # steps, seeded by `cost_profile` if given), "fixed" (`budget` nodes every step, shared by the batch)
+    # or "per_request" (`budget` nodes every step for each tree).
     budget_mode: str = "adaptive"
     cost_profile: str | None = None  # JSON written by `sssd profile`
     # attention of the verification forward: "auto" (the CUDA tree kernel when it can run the model, else
@@ -112,10 +115,8 @@ class EngineConfig:
             low = 0 if name in ("budget", "kept_results") else 1
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
                 raise ValueError(f"EngineConfig.{name} must be an int >= {low}, got {v!r}")
-        if self.budget_mode not in ("adaptive", "fixed"):
-            raise ValueError(
-                f"EngineConfig.budget_mode must be 'adaptive' or 'fixed', got {self.budget_mode!r}"
-            )
+        mode = check_budget_mode(self.budget_mode, self.per_request_budget, self.policy)
+        object.__setattr__(self, "budget_mode", mode)
         if self.attention not in ATTENTION_BACKENDS:
             raise ValueError(
                 f"EngineConfig.attention must be one of {ATTENTION_BACKENDS}, got {self.attention!r}"
@@ -367,10 +368,4 @@ def _bind(drafter: Any, engine: Engine) -> None:
 
 
 def _default_policy(config: EngineConfig) -> Any:
-    if config.budget_mode == "fixed" or config.per_request_budget:
-        return FixedBudget(int(config.budget), config.per_request_budget)
-    from sssd.policy.adaptive import BudgetConfig, BudgetPolicy
-    from sssd.policy.cost_model import CostModel
-
-    cost = CostModel.load(config.cost_profile) if config.cost_profile else None
-    return BudgetPolicy(BudgetConfig(mode="adaptive", budget=int(config.budget)), cost)
+    return default_policy(config.budget_mode, config.budget, config.cost_profile)

@@ -5,11 +5,13 @@ Owns the measured cost model of a step (``cost_model``: fitted online, robust le
 functions (``goodput``), admission under time-per-output-token targets (``admission``), the adaptive
 policy the engine calls (``adaptive``: ``BudgetPolicy``; its settings ``BudgetConfig`` in ``config``, what
 it knows of each request in ``requests``, its ``Decision`` for a step and what it records in ``records``),
-the engine-facing interface types and ``FixedBudget`` (``interface``, with ``PlainDraftBatch``: the
-drafter contract's fields), measuring a model's cost profile on this machine (``profiling``: the caller
-passes the engines it times, so nothing here imports the engine), and how busy the machine was while
-something was timed (``contention``: other processes' CPU time, this process's, the load average), which
-the programs that print a speed figure use to say when it is unreliable.
+the engine-facing interface types, the one record of a step (``StepRecord``) and ``FixedBudget``
+(``interface``, with ``PlainDraftBatch``: the drafter contract's fields), the engine's budget modes and
+default policy (``budget_mode``: the one way to set a fixed budget), measuring a model's cost profile on
+this machine (``profiling``: the caller passes the engines it times, so nothing here imports the engine),
+and how busy the machine was while something was timed (``contention``: other processes' CPU time, this
+process's, the load average), which the programs that print a speed figure use to say when it is
+unreliable.
 
 Imports: numpy, ``sssd.checks``, ``sssd.batch`` (the algebra of a flat batch of draft trees) and
 ``sssd.fileio`` (atomic profile files); torch only inside ``profiling.machine_meta``. Never the engine,
