@@ -10,6 +10,7 @@ Scripts in the groups (bench/datastore, bench/drafter, ...) import this module a
 
 - ``zipf(n)``: a seeded synthetic stream of Zipf-distributed token ids (exponent 1.1, SmolLM2's vocabulary
   size 49152, frequent ranks spread over the id space), cut into documents of ~1000 tokens on average.
+- ``save_rows(path, rows)``: a benchmark's result rows as JSON, with the command that made them.
 - ``cpython()``: the CPython standard library (``/usr/lib/python3.11/**/*.py``, plus the Debian
   ``python3.11-doc`` text files when installed), one document per file, tokenized with the SmolLM2
   tokenizer (``sssd.models.local.load_tokenizer()``).
@@ -178,3 +179,14 @@ def outputs_datastore(tokenizer=None, cache: Path | None = None) -> Path:
     cache.mkdir(parents=True, exist_ok=True)
     sssd.build_datastore(outputs(), path, vocab_size=VOCAB, tokenizer=tokenizer)
     return path
+
+
+def save_rows(path: Path, rows: list[dict]) -> None:
+    """Writes a benchmark's ``rows`` to ``path`` (JSON, atomically) with the command line that made them."""
+    import json
+    import sys
+
+    from sssd.fileio import write_text_atomic
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps({"command": " ".join(sys.argv), "rows": rows}, indent=1))

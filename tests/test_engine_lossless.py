@@ -211,5 +211,5 @@ def test_budget_policy_hook():
     t = policy.timings[1]
     assert t.budget == (3, 4, 5) and t.batch_size == 3 and t.num_nodes <= 3 + 12
     assert policy.timings[0].budget == 0 and policy.timings[0].num_nodes == 3
-    assert all(x.step_time >= x.forward_time > 0 for x in policy.timings)
+    assert all(x.step_s >= x.forward_s > 0 for x in policy.timings)
     assert policy.views[0].remaining == [NEW] * 3

@@ -312,3 +312,17 @@ def test_expected_head_levels_matches_the_product_formula_on_random_trees():
                      for r in range(len(trees))]  # fmt: skip
                 want += 1.0 - float(np.prod([1.0 - x for x in p]))
             assert got[k] == pytest.approx(want, abs=1e-9)
+
+
+def test_a_step_has_one_record_with_one_name_per_phase():
+    step = StepRecord(2, 10, 5, 3, (1, 0), draft_s=0.1, forward_s=0.2, head_s=0.05, verify_s=0.3)
+    assert step.step_s == pytest.approx(0.6) and step.draft_budget == 3
+    assert StepRecord(2, 10, 2, [4, 5]).draft_budget == 9 and StepRecord(2, 10, 2, [4, 5]).budget == (4, 5)
+    with pytest.warns(DeprecationWarning, match="forward_s"):
+        assert step.forward_time == 0.2  # the name before one name per phase
+    with pytest.raises(AttributeError):
+        _ = step.other_s
+    with pytest.raises(ValueError, match="inconsistent"):
+        StepRecord(2, 10, 1)  # fewer scored tokens than requests
+    with pytest.raises(ValueError, match="one entry per request"):
+        StepRecord(2, 10, 2, accepted=(1,))

@@ -11,12 +11,11 @@ serve the engine's prefill.
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import numpy as np
-from bench_tree_attention import cuda_time_us, ints, need_gpu
+from bench_tree_attention import cuda_time_us, grid_parser, ints, need_gpu
 
 
 def run_point(torch, cuda_ops, batch, ctx, n, iters, hq=32, hkv=8, d=128):
@@ -44,12 +43,7 @@ def run_point(torch, cuda_ops, batch, ctx, n, iters, hq=32, hkv=8, d=128):
 
 
 def main():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--batch", default="1,8")
-    p.add_argument("--ctx", default="0,2048,8192")
-    p.add_argument("--chunk", default="64,128")
-    p.add_argument("--iters", type=int, default=20)
-    p.add_argument("--out", default="bench/results/prefill.json")
+    p = grid_parser(__doc__, "bench/results/prefill.json", batch="1,8", ctx="0,2048,8192", chunk="64,128")
     a = p.parse_args()
     torch = need_gpu("bench_prefill")
     from sssd.kernels import tree_attention as cuda_ops

@@ -41,19 +41,28 @@ def need_gpu(name="bench_tree_attention"):
     return torch
 
 
+def grid_parser(doc: str, out: str, **axes: str) -> argparse.ArgumentParser:
+    """A GPU benchmark's parser: the axes of its grid (``--NAME``: comma lists, these defaults), ``--iters``
+    (timed calls per point) and ``--out`` (the JSON written)."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for name, default in axes.items():
+        p.add_argument(f"--{name}", default=default)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--out", default=out)
+    return p
+
+
 def parse_args():
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--batch", default="1,8,32,64")
-    p.add_argument("--ctx", default="512,2048,8192,32768")
-    p.add_argument("--tree", default="1,8,32,64,128")
+    p = grid_parser(
+        __doc__, "bench/results/tree_attention.json", batch="1,8,32,64", ctx="512,2048,8192,32768",
+        tree="1,8,32,64,128",
+    )  # fmt: skip
     p.add_argument("--q-heads", type=int, default=32)
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
-    p.add_argument("--iters", type=int, default=20)
     p.add_argument("--sdpa-max-gib", type=float, default=24.0, help="skip SDPA points needing more memory")
     p.add_argument("--quick", action="store_true", help="batch 1,8 x ctx 2k,8k x tree 1,32,128")
-    p.add_argument("--out", default="bench/results/tree_attention.json")
     return p.parse_args()
 
 

@@ -21,6 +21,10 @@ import time
 from pathlib import Path
 
 ROWS = ("generate", "generate-compiled", "engine-budget0", "engine-adaptive", "engine-fixed16")
+# random Llama models: SmolLM2-135M's shape, and a tiny one for --smoke
+SHAPE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads")  # fmt: skip
+SHAPES = {"smollm2": (49152, 576, 1536, 30, 9, 3), "smoke": (512, 64, 128, 2, 4, 2)}
 
 
 def parse_args():
@@ -47,23 +51,7 @@ def load(args, dtype_name: str, device: str):
         model, tok, _ = load_model(None, dtype_name, device)
         return model, tok
     torch.manual_seed(0)
-    shape = dict(
-        vocab_size=49152,
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-    )
-    if args.smoke:
-        shape = dict(
-            vocab_size=512,
-            hidden_size=64,
-            intermediate_size=128,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-        )
+    shape = dict(zip(SHAPE_FIELDS, SHAPES["smoke" if args.smoke else "smollm2"], strict=True))
     cfg = tf.LlamaConfig(
         **shape,
         max_position_embeddings=8192,

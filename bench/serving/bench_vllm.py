@@ -18,17 +18,15 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import sys
 import time
 from pathlib import Path
 
-from sssd.fileio import write_text_atomic
 from sssd.integrations.vllm_demo import METHODS, demo_datastore, print_table, run_in_child, summarize
 from sssd.models.local import ensure_hf_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the shared helpers (corpora)
-from corpora import RESULTS, dev_rows
+from corpora import RESULTS, dev_rows, save_rows
 
 
 def main() -> int:
@@ -64,8 +62,7 @@ def main() -> int:
     print(f"\nvllm-cpu, SmolLM2-135M-Instruct float32, greedy, {args.prompts} development prompts x "
           f"{args.max_tokens} new tokens, k={args.k}\n")  # fmt: skip
     print_table(rows)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(args.out, json.dumps({"command": " ".join(sys.argv), "rows": rows}, indent=1))
+    save_rows(args.out, rows)
     return 0
 
 

@@ -393,10 +393,9 @@ def main() -> int:
     print_table(rows)
     if args.profile:
         print_profile(rows)
-    from sssd.fileio import write_text_atomic
+    from corpora import save_rows
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(args.out, json.dumps({"command": " ".join(sys.argv), "rows": rows}, indent=1))
+    save_rows(args.out, rows)
     return 0
 
 

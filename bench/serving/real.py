@@ -12,19 +12,11 @@ from __future__ import annotations
 
 import time
 
+import workload
 from corpora import RESULTS
 from report import print_row
 from simulator import simulate_serving
-from workload import (
-    Finished,
-    StepLog,
-    budget_by_batch,
-    datastore_path,
-    make_policy,
-    slo_targets,
-    summarize,
-    workload_for,
-)
+from workload import Finished, StepLog
 
 ERRORS = ("mean_latency_s", "throughput_tok_s", "mean_tpot_s")  # compared between a real run and its replay
 
@@ -90,9 +82,9 @@ def run_real(args) -> list[dict]:
     args.max_new_tokens = n_new
     pairs = _pairs(args)
     model, _, path = load_model(args.model, "float32", "cpu")
-    ds = sssd.Datastore.open(datastore_path())
+    ds = sssd.Datastore.open(workload.datastore_path())
     cost = CostModel.load(args.profile)
-    targets = slo_targets(cost, args.max_batch // 2 or 1, args)
+    targets = workload.slo_targets(cost, args.max_batch // 2 or 1, args)
     print(f"real: {path.name}, {len(pairs)} pairs, {n_new} new tokens, torch threads {args.threads}")
     print(f"TPOT targets: tight {targets[0] * 1e3:.1f} ms, relaxed {targets[1] * 1e3:.1f} ms")
 
@@ -105,20 +97,20 @@ def run_real(args) -> list[dict]:
 
     rows, steps = [], []
     with torch.inference_mode():
-        engine_factory(make_policy("no-spec", cost)[0]).generate(
+        engine_factory(workload.make_policy("no-spec", cost)[0]).generate(
             [pairs[0].prompt_ids.tolist()], max_new_tokens=4
         )
         for rate in args.rates:
-            wl = workload_for(args, len(pairs), rate, args.seed, targets)
+            wl = workload.workload_for(args, len(pairs), rate, args.seed, targets)
             for pol_name in args.policies:
-                policy, slo = make_policy(pol_name, cost)
+                policy, slo = workload.make_policy(pol_name, cost)
                 t0 = time.perf_counter()
                 done, log, seen = run_one(engine_factory, policy, wl, pairs, n_new, slo)
                 steps += seen
-                row = {"mode": "real", "rate": rate, "policy": pol_name, **summarize(done, log)}
+                row = {"mode": "real", "rate": rate, "policy": pol_name, **workload.summarize(done, log)}
                 row["wall_s"] = time.perf_counter() - t0
                 row["acceptance_ratio_policy"] = policy.acceptance.ratio
-                row["budget_by_batch"] = budget_by_batch(log)
+                row["budget_by_batch"] = workload.budget_by_batch(log)
                 rows.append(row)
                 print_row(row)
                 # the same workload through the simulator, for its error against this run
@@ -127,7 +119,7 @@ def run_real(args) -> list[dict]:
     refit.save(RESULTS / "profile_cpu_realrun.json")
     print(f"cost model refit on the {len(steps)} real steps: {refit}")
     for row in rows:  # the simulator again, with the costs the real runs actually saw
-        wl = workload_for(args, len(pairs), row["rate"], args.seed, targets)
+        wl = workload.workload_for(args, len(pairs), row["rate"], args.seed, targets)
         _replay(row, "sim-refit", wl, pairs, make_drafter, refit, args)
     return rows
 
@@ -135,14 +127,14 @@ def run_real(args) -> list[dict]:
 def _replay(row: dict, mode: str, wl, pairs, make_drafter, cost, args) -> None:
     """Replays a real run's workload in the simulator with ``cost``; stores the simulated row in ``row``
     (key "sim" or "sim_refit") with its relative errors (keys "sim_err_*" or "simrefit_err_*")."""
-    policy, slo = make_policy(row["policy"], cost)
+    policy, slo = workload.make_policy(row["policy"], cost)
     done, log = simulate_serving(
         wl, pairs, make_drafter, policy, cost, max_batch=args.max_batch,
         max_new_tokens=args.max_new_tokens, use_slo=slo,
     )  # fmt: skip
-    srow = {"mode": mode, "rate": row["rate"], "policy": row["policy"], **summarize(done, log)}
+    srow = {"mode": mode, "rate": row["rate"], "policy": row["policy"], **workload.summarize(done, log)}
     if mode == "sim":
-        srow["budget_by_batch"] = budget_by_batch(log)
+        srow["budget_by_batch"] = workload.budget_by_batch(log)
     tag = mode.replace("-", "")
     for key in ERRORS:
         if row.get(key) and srow.get(key):

@@ -19,6 +19,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -107,20 +108,8 @@ def _check(args: argparse.Namespace) -> Any:
     for path in [*args.data, *([args.eval_pairs] if args.eval_pairs else [])]:
         if not Path(path).is_file():
             raise FileNotFoundError(f"data file not found: {path}")
-    return TuneConfig(
-        steps=args.steps,
-        batch_size=args.batch_size,
-        seq_len=args.seq_len,
-        lr=args.lr,
-        weight_decay=args.weight_decay,
-        warmup=args.warmup,
-        kl_weight=args.kl_weight,
-        temperature=args.temperature,
-        boost_weight=args.boost_weight,
-        train_embeddings=args.train_embeddings,
-        eval_every=args.eval_every,
-        seed=args.seed,
-    )
+    # every setting with an option of the same name (the others keep TuneConfig's defaults)
+    return TuneConfig(**{f.name: getattr(args, f.name) for f in fields(TuneConfig) if hasattr(args, f.name)})
 
 
 def _pairs_docs(path: str, vocab_size: int) -> list:

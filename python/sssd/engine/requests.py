@@ -10,7 +10,7 @@ import numpy as np
 from sssd.engine.chat import chat_prompt_ids, is_messages
 from sssd.engine.detokenize import INCOMPLETE, IncrementalDetokenizer
 from sssd.engine.sampling import SamplingParams, draw_key, position_draws
-from sssd.engine.stats import renamed_time
+from sssd.policy.interface import renamed_time
 
 
 @dataclass

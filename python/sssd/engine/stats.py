@@ -6,13 +6,12 @@
 
 from __future__ import annotations
 
-import warnings
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sssd.policy.interface import StepRecord
+from sssd.policy.interface import StepRecord, renamed_time
 
 
 @dataclass(frozen=True)
@@ -48,20 +47,6 @@ class Budget:
 
     def as_plan(self) -> int | tuple[int, ...]:
         return self.total if self.per_request is None else self.per_request
-
-
-# the times' names before each phase had one name (EngineStats.draft_time is now draft_s, ...)
-_OLD_NAMES = {f"{p}_time": f"{p}_s" for p in ("draft", "forward", "head", "verify", "prefill", "step")}
-
-
-def renamed_time(obj: Any, name: str) -> Any:
-    """``__getattr__`` of the statistics whose times were renamed: the old name still reads the new field,
-    with a DeprecationWarning; any other missing name is an AttributeError."""
-    if name in _OLD_NAMES:
-        new = _OLD_NAMES[name]
-        warnings.warn(f"{type(obj).__name__}.{name} is now .{new}", DeprecationWarning, stacklevel=3)
-        return getattr(obj, new)
-    raise AttributeError(f"{type(obj).__name__!r} object has no attribute {name!r}")
 
 
 @dataclass

@@ -16,6 +16,7 @@ drafter arguments), ``admit(view: AdmitView)`` (who joins the batch) and ``remov
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -47,6 +48,20 @@ class AdmitView:
 def fifo(view: AdmitView) -> list[int]:
     """Today's admission: the first ``free_slots`` waiting requests, in arrival order."""
     return list(view.waiting_ids[: max(view.free_slots, 0)])
+
+
+# the times' names before each phase had one name (EngineStats.draft_time is now draft_s, ...)
+_OLD_NAMES = {f"{p}_time": f"{p}_s" for p in ("draft", "forward", "head", "verify", "prefill", "step")}
+
+
+def renamed_time(obj: Any, name: str) -> Any:
+    """``__getattr__`` of the statistics whose times were renamed: the old name still reads the new field,
+    with a DeprecationWarning; any other missing name is an AttributeError."""
+    if name in _OLD_NAMES:
+        new = _OLD_NAMES[name]
+        warnings.warn(f"{type(obj).__name__}.{name} is now .{new}", DeprecationWarning, stacklevel=3)
+        return getattr(obj, new)
+    raise AttributeError(f"{type(obj).__name__!r} object has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -91,6 +106,8 @@ class StepRecord:
     @property
     def step_s(self) -> float:
         return self.draft_s + self.forward_s + self.verify_s
+
+    __getattr__ = renamed_time  # the old names (forward_time, ...) still read, with a DeprecationWarning
 
     @property
     def draft_budget(self) -> int:
