@@ -15,9 +15,9 @@ from sssd.policy.goodput import (
     choose_budget,
     expected_head_levels,
     request_gain_table,
-    slo_first,
 )
 from sssd.policy.interface import PlainDraftBatch
+from sssd.policy.slo import slo_first
 
 from tests.fake_drafts import FakeDrafter, make_batch
 

@@ -1,8 +1,9 @@
 """Budget policy: how many tokens the batch speculates each step, and who joins the batch.
 
 Owns the measured cost model of a step (``cost_model``: fitted online, robust least squares in
-``robust_fit``), the goodput-optimal global budget, its local exploration and SLO-first re-ranking as pure
-functions (``goodput``), admission under time-per-output-token targets (``admission``), the adaptive
+``robust_fit``), the goodput-optimal global budget and its local exploration as pure functions
+(``goodput``), what time-per-output-token targets do to the choice (``slo``: SLO-first re-ranking, the SLO
+choice among budgets), admission under those targets (``admission``), the adaptive
 policy the engine calls (``adaptive``: ``BudgetPolicy``; its settings ``BudgetConfig`` in ``config``, what
 it knows of each request in ``requests``, its ``Decision`` for a step and what it records in ``records``),
 the engine-facing interface types, the one record of a step (``StepRecord``) and ``FixedBudget``

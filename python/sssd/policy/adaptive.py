@@ -8,7 +8,8 @@ too) and probes again with exponential back-off.
 
 With TPOT targets (``set_slo``), among the budgets whose expected goodput is within
 ``slo_goodput_tolerance`` of the best, it picks the one that is predicted to meet the most (priority-
-weighted) targets, with nodes re-ranked so that requests falling short of their target get them first.
+weighted) targets, with nodes re-ranked so that requests falling short of their target get them first
+(``sssd.policy.slo``).
 It also decides who joins the batch (``admit``): FIFO without targets; with them, higher priority first,
 and a request waits while admitting it would push a running request over its target
 (``sssd.policy.admission``).
@@ -36,16 +37,13 @@ from sssd.policy.config import FINISHED_RECORDS, MODES, BudgetConfig  # noqa: F4
 from sssd.policy.cost_model import CostModel, tree_pairs_of
 from sssd.policy.goodput import (
     BudgetChoice,
-    accumulated_probs,
     candidate_tree_pairs,
     cap_per_request,
     choose_budget,
     expected_head_levels,
     explore_budget,
     kept_per_request,
-    request_gain_table,
     scale_by_request,
-    slo_first,
     truncate_batch,
 )
 from sssd.policy.interface import (  # noqa: F401  (re-exported: the hook's types live in sssd.policy.interface)
@@ -59,6 +57,7 @@ from sssd.policy.interface import (  # noqa: F401  (re-exported: the hook's type
 )
 from sssd.policy.records import AcceptanceStats, Decision, PolicyStep, SLOTarget
 from sssd.policy.requests import RequestLedger
+from sssd.policy.slo import slo_choice
 
 
 class BudgetPolicy:
@@ -197,7 +196,10 @@ class BudgetPolicy:
         )  # fmt: skip
         if slo:
             ranked = self._drafter_ranks_slo(targets) if slo_ranked is None else slo_ranked
-            batch, choice = self._slo_choice(batch, choice, b, n_context, targets, prio, not ranked, ctx_lens)
+            batch, choice = slo_choice(
+                batch, choice, self.cost, cfg, (n_context, ctx_lens), targets, prio, self.correction,
+                drafter_ranked=ranked,
+            )  # fmt: skip
         else:
             self._tick += 1
             plain = self._since_plain >= cfg.plain_probe_every
@@ -241,35 +243,6 @@ class BudgetPolicy:
             self._backoff = min(2 * self._backoff, self.config.max_backoff)
         else:
             self._backoff = 1
-
-    def _slo_choice(self, batch, choice: BudgetChoice, b, n_context, targets, prio, rerank: bool, ctx_lens):
-        """Re-ranks SLO-first for the throughput choice's step time (unless the drafter already did),
-        then picks, among budgets within the goodput tolerance of the best, the one meeting the most
-        priority-weighted targets."""
-        cfg = self.config
-        step_s = max(choice.predicted_s, 1e-9)
-        ranked = (
-            slo_first(batch, step_s, targets, slack_s=cfg.slo_slack_s, priority=prio) if rerank else batch
-        )
-        corr = self.correction
-        c2 = choose_budget(
-            ranked.gain, b, n_context, self.cost, correction=corr, draft_budget=cfg.budget,
-            tree_pairs=candidate_tree_pairs(ranked, ctx_lens),
-            head_levels=expected_head_levels(ranked, np.full(b, corr)),
-        )  # fmt: skip
-        best_gp = float(choice.goodput.max())
-        table = request_gain_table(ranked, accumulated_probs(ranked))  # [K+1, B]
-        tpot = c2.step_s[:, None] / (1.0 + corr * table)  # predicted TPOT per budget and request
-        weight = np.where(np.isfinite(targets), 1.0 + np.maximum(prio, 0.0), 0.0)
-        met = ((tpot <= targets[None, :]) * weight[None, :]).sum(axis=1)
-        ok = c2.goodput >= (1.0 - cfg.slo_goodput_tolerance) * best_gp
-        if not ok.any():
-            return batch, choice
-        score = np.where(ok, met, -1.0)
-        cand = np.flatnonzero(score == score.max())
-        k = int(cand[np.argmax(c2.goodput[cand])])  # most targets met, then the best goodput
-        exp = float(corr * ranked.gain[k])
-        return ranked, BudgetChoice(k, exp, float(c2.step_s[k]), c2.goodput, c2.step_s)
 
     # -- feedback -----------------------------------------------------------------------------------
     def observe(self, decision: Decision, step: StepRecord) -> None:

@@ -1,5 +1,5 @@
 """Pure functions behind the budget policy: goodput-optimal global budget, per-request expectations,
-per-request caps and SLO-first re-ranking of a proposed batch.
+per-request caps and re-ranking of a proposed batch (SLO-first re-ranking: ``sssd.policy.slo``).
 
 They work on any object with the contract's ``DraftBatch`` fields (``parents``, ``probs``, ``offsets``,
 ``rank``, ``gain``); re-ranked batches are made with :func:`dataclasses.replace`, so the batch's own
@@ -249,53 +249,6 @@ def cap_per_request(batch, cap: int):
         seen[t] += 1
     keep = pos < cap
     key[nodes[keep]] = rank[nodes[keep]]
-    return rerank(batch, key)
-
-
-def slo_first(batch, step_s: float, targets: np.ndarray, *, slack_s: float = 0.0, priority=None):
-    """SLO-aware re-ranking (used when the drafter has no SLO selection of its own).
-
-    A request is *short* when its expected tokens per step × TPOT target falls short of the step time:
-    (1 + Σf of its nodes so far) · target < step_s + slack_s. Nodes go first to short requests that can
-    still reach their target with their candidates (higher priority first, then the most short), each
-    node moving its request towards its target, until no such request is short; the remaining nodes
-    follow in the original (throughput-optimal) order.
-    ``targets`` [B] seconds (inf = no target), ``priority`` [B] (larger = first; default 0).
-    """
-    f = accumulated_probs(batch)
-    rank = np.asarray(batch.rank)
-    offsets = np.asarray(batch.offsets)
-    b = len(offsets) - 1
-    targets = np.asarray(targets, dtype=np.float64)
-    prio = np.zeros(b) if priority is None else np.asarray(priority, dtype=np.float64)
-    if targets.shape != (b,) or prio.shape != (b,):
-        raise ValueError(f"targets and priority must have one entry per request ({b})")
-    tree = tree_index(offsets)
-    queues = []
-    for i in range(b):
-        nodes = np.flatnonzero((tree == i) & (rank >= 0))
-        queues.append(list(nodes[np.argsort(rank[nodes], kind="stable")]))
-    expected = np.ones(b)  # tokens per step so far: the bonus token
-    need = step_s + slack_s
-    # A request that cannot reach its target this step even with all of its nodes gets no SLO priority:
-    # pouring nodes into it would cost everyone step time and still miss.
-    total = 1.0 + np.array([f[q].sum() if q else 0.0 for q in queues])
-    reachable = total * targets >= need
-    key = np.asarray(rank, dtype=np.float64).copy() + len(rank)  # default: after every SLO node
-    next_key = 0
-    while True:
-        short = np.flatnonzero(
-            (expected * targets < need) & reachable & np.array([len(q) > 0 for q in queues])
-        )
-        if len(short) == 0:
-            break
-        deficit = need - expected * targets  # most short first within the same priority
-        i = short[np.lexsort((-deficit[short], -prio[short]))[0]]
-        node = queues[i].pop(0)
-        key[node] = next_key
-        next_key += 1
-        expected[i] += f[node]
-    key[rank < 0] = -1  # roots are ignored by rerank
     return rerank(batch, key)
 
 
