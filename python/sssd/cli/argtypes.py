@@ -49,6 +49,11 @@ def integer(lo: int | None = None, hi: int | None = None) -> Callable[[str], int
     return parse
 
 
+def add_count(p: argparse.ArgumentParser, flag: str, default: int | None, help: str, lo: int = 1) -> None:
+    """Adds ``flag``: an integer option of at least ``lo`` (a count: tokens, requests, nodes, rounds)."""
+    p.add_argument(flag, type=integer(lo=lo), default=default, help=help)
+
+
 def real(
     lo: float | None = None, hi: float | None = None, *, lo_open: bool = False, hi_open: bool = False
 ) -> Callable[[str], float]:

@@ -17,7 +17,7 @@ import sys
 import time
 
 from sssd.cli import recycled as recycled_args
-from sssd.cli.argtypes import from_value_error, integer, real
+from sssd.cli.argtypes import add_count, from_value_error, real
 from sssd.evaluation.fitting import DEFAULT_SOURCES, SOURCES, DrafterSpec, parse_sources
 
 NAME = "calibrate"
@@ -40,16 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"comma list of drafting sources: {','.join(SOURCES)} (datastore is left out when no "
         "--datastore is given; recycled needs the model's top-k along the pairs, see --model)",
     )
-    p.add_argument(
-        "--budget", type=integer(lo=1), default=64, help="draft nodes per request while collecting"
-    )
-    p.add_argument("--batch-size", type=integer(lo=1), default=16, help="requests replayed together")
-    p.add_argument(
-        "--rounds",
-        type=integer(lo=1),
-        default=2,
-        help="replay rounds (1: with the identity table only; 2: then again)",
-    )
+    add_count(p, "--budget", 64, "draft nodes per request while collecting")
+    add_count(p, "--batch-size", 16, "requests replayed together")
+    add_count(p, "--rounds", 2, "replay rounds (1: with the identity table only; 2: then again)")
     p.add_argument(
         "--holdout",
         type=real(0, 1, lo_open=True, hi_open=True),

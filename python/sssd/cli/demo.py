@@ -22,7 +22,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from sssd.cli.argtypes import integer
+from sssd.cli.argtypes import add_count, integer
 from sssd.models.loading import DTYPE_CHOICES
 
 NAME = "demo"
@@ -43,23 +43,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help=f"the long comparison: {FULL_TOKENS} new tokens per prompt and a fixed-budget run (minutes)",
     )
-    p.add_argument(
-        "--prompts",
-        type=integer(lo=1),
-        default=PROMPTS,
-        help="bundled prompts to run (12): the first of each kind, then the second, ...",
+    add_count(
+        p, "--prompts", PROMPTS, "bundled prompts to run (12): the first of each kind, then the second, ..."
     )
-    p.add_argument(
-        "--max-new-tokens",
-        type=integer(lo=1),
-        help=f"tokens generated per prompt, at most (default: {QUICK_TOKENS}; --full: {FULL_TOKENS})",
-    )
-    p.add_argument(
-        "--budget",
-        type=integer(lo=1),
-        default=32,
-        help="draft nodes per step: the adaptive runs' cap, the fixed run's budget",
-    )
+    add_count(
+        p, "--max-new-tokens", None,
+        f"tokens generated per prompt, at most (default: {QUICK_TOKENS}; --full: {FULL_TOKENS})",
+    )  # fmt: skip
+    add_count(p, "--budget", 32, "draft nodes per step: the adaptive runs' cap, the fixed run's budget")
     p.add_argument(
         "--dtype",
         default="auto",

@@ -248,6 +248,7 @@ class Engine(RequestsMixin, RunsMixin):
             [len(p) - 1 for p in paths], draft_s=t1 - t0, forward_s=t2 - t1 - compiling + head_s,
             head_s=head_s, verify_s=t3 - t2 - head_s, prefill_s=prefill_s,
             request_ids=[r.rid for r in reqs], drafted=drafted, tokens=sum(len(e.tokens) for e in events),
+            head_calls=output.head_calls,
         )  # fmt: skip
         self._policy.observe(drafts.decision, self.stats.record(record, reqs))
         self._count_errors()

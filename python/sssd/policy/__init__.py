@@ -1,7 +1,8 @@
 """Budget policy: how many tokens the batch speculates each step, and who joins the batch.
 
 Owns the measured cost model of a step (``cost_model``: fitted online, robust least squares in
-``robust_fit``), the goodput-optimal global budget and its local exploration as pure functions
+``robust_fit``; the output head's cost in ``head_cost``, which verification's choice of head calls reads
+too), the goodput-optimal global budget and its local exploration as pure functions
 (``goodput``), what time-per-output-token targets do to the choice (``slo``: SLO-first re-ranking, the SLO
 choice among budgets), admission under those targets (``admission``), the adaptive
 policy the engine calls (``adaptive``: ``BudgetPolicy``; its settings ``BudgetConfig`` in ``config``, what

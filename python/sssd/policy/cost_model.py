@@ -7,11 +7,14 @@ A step has three timed parts, each modelled as a function that is linear in its 
   ``P_tree`` the query-key pairs that draft nodes add to the attention, which runs padded: ``B·(n_max -
   1)·rows`` for ``B`` requests, ``n_max`` nodes (root included) in the largest tree and ``rows`` the most
   cache rows any request reads (at batch 4 on a CPU a tree of 16 nodes on one request costs as much
-  attention as 16 on each of them, a third of a plain step at a 600-token context), ``L`` the output-head
-  calls beyond the first (the verification asks the head for one depth at a time, so a step costs one call
-  per level of its longest accepted path: 5-7 ms each for SmolLM2 in bfloat16 on this CPU, a tenth of a
-  plain step; fitted on the tokens instead, long accepted paths, which come with large trees, make large
-  trees look dear),
+  attention as 16 on each of them), ``L`` the output-head calls beyond the first (verification asks the
+  head for one depth at a time, so a step costs one call per level of its longest accepted path; left
+  out, the long accepted paths that come with large trees make large trees look dear) and ``v`` the cost
+  of one such call. The head has one model, ``sssd.policy.head_cost.HeadCost`` (``CostModel.head``),
+  which verification's choice of head calls reads too: where a step reports its head's time
+  (``StepRecord.head_s``, the engine's), the head's calls are measured there and priced by it, all of
+  them, and the forward is fitted without them (``L`` is then 0); where it does not (a record without
+  it: the vLLM proposer, simulations), ``v`` is fitted with the rest of the forward,
   ``N_batched`` the number of tokens scored in the forward (one root per request + the draft nodes), ``t``
   the fixed extra cost of a tree step over a plain decoding step (masks, tree attention path) and ``g``
   a non-decreasing piecewise-linear function of the scored tokens with knots at 1, 2, 4, 8, ... (one
@@ -51,11 +54,12 @@ from pathlib import Path
 
 import numpy as np
 
+from sssd.policy.head_cost import HeadCost
 from sssd.policy.interface import StepRecord
 from sssd.policy.robust_fit import OnlineLinearFit, huber_irls  # noqa: F401  (huber_irls: re-exported)
 
-# 4: the bookkeeping part named "verify" (was "other"); 3: tree attention pairs; 2: one slope per token
-# segment; 1: one slope (all load)
+# 4: the bookkeeping part named "verify" (was "other"), the output head's call costs ("head"); 3: tree
+# attention pairs; 2: one slope per token segment; 1: one slope (all load)
 PROFILE_VERSION = 4
 
 # Knots of the piecewise-linear token cost: segment i covers [KNOTS[i], KNOTS[i+1]] scored tokens, the last
@@ -172,7 +176,7 @@ class CostModel:
     forms); left out, the built-in relative prior of that part is used. ``extend_slope``: token segments
     beyond the largest forward in the window take the slope of the last one measured (False: the prior's),
     a segment counting as measured while samples worth ``extend_evidence`` (after forgetting) cover half
-    of it."""
+    of it. ``head``: the output head's call costs (a profile's; else measured from the steps)."""
 
     def __init__(
         self,
@@ -185,6 +189,7 @@ class CostModel:
         prior_weight: float = 4.0,
         extend_slope: bool = True,
         extend_evidence: float = 2.0,
+        head: HeadCost | None = None,
         meta: dict | None = None,
     ) -> None:
         kw = dict(window=window, forget=forget, prior_weight=prior_weight)
@@ -203,6 +208,7 @@ class CostModel:
         self.verify = OnlineLinearFit(
             VERIFY_FEATURES, np.array(verify or DEFAULT_VERIFY), relative_prior=verify is None, **slow
         )
+        self.head = head if head is not None else HeadCost()
         self.meta = dict(meta or {})
 
     # -- prediction ---------------------------------------------------------------------------------
@@ -223,7 +229,8 @@ class CostModel:
         ``draft_budget``: the budget the drafter was asked for (one propose at the largest candidate, then
         truncated), default each candidate's own budget. ``tree_pairs`` (like ``budgets``): each
         candidate's tree attention pairs (:func:`tree_pairs_of`), default the even-spread estimate;
-        ``head_levels`` (like ``budgets``): the expected output-head calls beyond the first (default 0)."""
+        ``head_levels`` (like ``budgets``): the expected output-head calls beyond the first (default 0),
+        priced by ``head`` once it has measured a call (then the first call too), else by ``v``."""
         # Written out (no full feature matrices): the policy calls this every step for every candidate.
         k = np.asarray(budgets, dtype=np.float64)
         n_batched = batch_size + k
@@ -232,8 +239,8 @@ class CostModel:
         da, db, dc = self.draft.coef
         pairs = tree_pairs_estimate(batch_size, n_context, k) if tree_pairs is None else tree_pairs
         fwd = f[0] * n_context + token_segments(n_batched) @ f[_SEG] + f[_ATT] * np.asarray(pairs)
-        if head_levels is not None:
-            fwd = fwd + f[_LEV] * np.asarray(head_levels, dtype=np.float64)
+        levels = np.asarray(0.0 if head_levels is None else head_levels, dtype=np.float64)
+        fwd = fwd + (self.head.step_s(batch_size, levels) if self.head.measured else f[_LEV] * levels)
         fwd = fwd + f[-2] * (k > 0) + f[-1]
         ver = oa * batch_size + ob * n_batched + oc
         kd = k if draft_budget is None else float(draft_budget)
@@ -275,15 +282,20 @@ class CostModel:
         """Adds one measured step (the engine's record); each part refits every few samples. ``drafted``:
         whether the drafter was called (default: the step has drafting time and a budget), its budget the
         plan's total; ``tree_pairs``: the trees' attention pairs (:func:`tree_pairs_of`; default the
-        even-spread estimate). The output head's calls beyond the first are the longest accepted path."""
+        even-spread estimate). The output head's calls beyond the first are the longest accepted path; a
+        step that reports its head's time (``head_s``) has its calls measured in ``head`` (``head_calls``
+        of them, else one per level) and the rest of its forward fitted."""
         b = step.batch_size
         if b < 1:
             raise ValueError(f"a step of no request cannot be observed: {step}")
         if drafted is None:
             drafted = step.draft_s > 0 and step.draft_budget > 0
-        levels = max(step.accepted, default=0)
-        x = forward_features(step.context_tokens, step.num_nodes, b, tree_pairs, levels)
-        self.forward.add(x, step.forward_s)
+        levels = int(max(step.accepted, default=0))
+        if step.head_s > 0:  # the head's calls were timed: they are HeadCost's, not the forward fit's
+            self.head.record(b, step.head_s / (step.head_calls or 1 + levels))
+        timed = self.head.measured
+        x = forward_features(step.context_tokens, step.num_nodes, b, tree_pairs, 0.0 if timed else levels)
+        self.forward.add(x, step.forward_s - step.head_s)
         if drafted and step.draft_budget > 0 and step.draft_s > 0:
             self.draft.add([b, step.draft_budget, 1.0], step.draft_s)
         self.verify.add([b, step.num_nodes, 1.0], step.verify_s)
@@ -315,6 +327,7 @@ class CostModel:
             },
             "draft": dict(zip(DRAFT_FEATURES, map(float, self.draft.coef), strict=True)),
             "verify": dict(zip(VERIFY_FEATURES, map(float, self.verify.coef), strict=True)),
+            "head": self.head.to_dict(),  # seconds per output-head call by rows
         }
 
     @classmethod
@@ -333,6 +346,7 @@ class CostModel:
                 float(fw.get("tree_attention", 0.0)), float(fw.get("head_levels", 0.0)),
             )  # fmt: skip
             verify_part = "verify" if "verify" in d else "other"  # "other" up to version 3
+            head = HeadCost.from_dict(d.get("head", {}))
             draft, verify = (
                 tuple(float(d[part][f]) for f in feats)
                 for part, feats in (("draft", DRAFT_FEATURES), (verify_part, VERIFY_FEATURES))
@@ -342,7 +356,7 @@ class CostModel:
         values = [forward[0], *np.ravel(forward[1]), *forward[2:], *draft, *verify]
         if any(not math.isfinite(v) or v < 0 for v in values):
             raise ValueError("cost profile coefficients must be finite and non-negative")
-        return cls(forward, draft, verify, meta=d.get("meta", {}), **kw)
+        return cls(forward, draft, verify, head=head, meta=d.get("meta", {}), **kw)
 
     def save(self, path: str | os.PathLike, extra: dict | None = None) -> None:
         """Writes the profile as JSON (atomically: temporary file + rename)."""

@@ -90,6 +90,7 @@ class StepRecord:
     request_ids: tuple[int, ...] = ()  # [B] the batch (empty: not known)
     drafted: tuple[int, ...] = ()  # [B] draft nodes verified per request (empty: not known)
     tokens: int = 0  # tokens handed to the callers (truncated at stops; an interrupted step's too)
+    head_calls: int = 0  # output-head calls that took head_s (0: not known)
 
     def __post_init__(self) -> None:
         for name in ("accepted", "request_ids", "drafted"):  # lists (JSON, callers) become tuples
