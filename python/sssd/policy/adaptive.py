@@ -33,7 +33,7 @@ from collections import deque
 import numpy as np
 
 from sssd.policy.admission import admit as admit_requests
-from sssd.policy.config import FINISHED_RECORDS, MODES, BudgetConfig  # noqa: F401  (re-exported)
+from sssd.policy.config import FINISHED_RECORDS, BudgetConfig  # noqa: F401  (re-exported)
 from sssd.policy.cost_model import CostModel, tree_pairs_of
 from sssd.policy.goodput import (
     BudgetChoice,

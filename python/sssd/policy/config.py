@@ -9,7 +9,9 @@ from dataclasses import dataclass
 from sssd.checks import check_fields
 from sssd.policy.interface import DEFAULT_BUDGET
 
-MODES = ("adaptive", "fixed")
+# BudgetConfig.mode: the adaptive policy's own choice, or its choice switched off (an engine's budget is set
+# by EngineConfig.budget_mode: sssd.policy.budget_mode.BUDGET_MODES)
+POLICY_MODES = ("adaptive", "fixed")
 # finished requests whose (time, tokens, target) records are kept: the lengths that predict the running
 # requests' (the most recent 512) and slo_report's recent history; older records are dropped, so the
 # policy's memory does not grow with the number of requests it has ever seen
@@ -20,8 +22,9 @@ FINISHED_RECORDS = 512
 class BudgetConfig:
     """How the engine chooses the global speculation budget of each step."""
 
-    # "adaptive" (default) | "fixed": FixedBudget's fixed budget with this policy's admission, SLO targets
-    # and records (the serving benchmarks compare the two modes under one policy)
+    # "adaptive" (default) | "fixed": the budget below every step, with this policy's admission, SLO targets
+    # and records (the serving benchmarks compare the two under one policy; an engine's fixed budget is
+    # EngineConfig(budget_mode="fixed"))
     mode: str = "adaptive"
     budget: int = DEFAULT_BUDGET  # fixed: the budget; adaptive: the largest candidate (the propose size)
     max_per_request: int | None = None  # cap on any one request's tree (non-root nodes)
@@ -58,8 +61,8 @@ class BudgetConfig:
 
     def __post_init__(self) -> None:
         check_fields(self)  # budget=True or NaN fails here, not later in the engine
-        if self.mode not in MODES:
-            raise ValueError(f"budget mode must be one of {MODES}, got {self.mode!r}")
+        if self.mode not in POLICY_MODES:
+            raise ValueError(f"BudgetConfig.mode must be one of {POLICY_MODES}, got {self.mode!r}")
         if self.budget < 0:
             raise ValueError(f"budget must be >= 0, got {self.budget}")
         if self.max_per_request is not None and self.max_per_request < 0:
