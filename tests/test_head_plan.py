@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from sssd.engine.adapter import HeadPlan, StepOutput
 from sssd.engine.engine import Engine, EngineConfig
-from sssd.engine.trees import Tree
-from sssd.engine.verify import _subtree, verify_step
+from sssd.engine.head import HeadPlan, StepOutput
+from sssd.engine.trees import Tree, TreeBatch
+from sssd.engine.verify import subtrees, verify_step
 from tiny_models import VOCAB, tiny_model
 from toy_drafters import OracleDrafter
 
@@ -86,12 +86,16 @@ def test_prefetched_logits_are_the_heads_own_and_cost_one_call():
     torch.testing.assert_close(full.logits([1]), rows[[1]])
 
 
-def test_subtree_of_a_node():
+def test_subtrees_of_nodes_of_a_batch():
     parents = np.array([-1, 0, 1, 1, 0, 4, 2])
-    assert _subtree(parents, 0).tolist() == list(range(7))
-    assert _subtree(parents, 1).tolist() == [1, 2, 3, 6]
-    assert _subtree(parents, 4).tolist() == [4, 5]
-    assert _subtree(parents, 6).tolist() == [6]
+    depth = np.array([0, 1, 2, 2, 1, 2, 3])
+    one = TreeBatch(np.zeros(7, np.int64), parents, depth, np.array([0, 7]))
+    assert subtrees(one, np.array([0])).tolist() == list(range(7))
+    assert subtrees(one, np.array([1])).tolist() == [1, 2, 3, 6]
+    assert subtrees(one, np.array([4])).tolist() == [4, 5]
+    assert subtrees(one, np.array([6])).tolist() == [6]
+    two = TreeBatch.of([one.tree(0), Tree(np.zeros(2), np.array([-1, 0]), np.array([0, 1])), one.tree(0)])
+    assert subtrees(two, np.array([1, 7, 13])).tolist() == [1, 2, 3, 6, 7, 8, 13, 14]
 
 
 def _step(seed: int):
@@ -125,8 +129,10 @@ def test_paths_and_bonus_tokens_do_not_depend_on_how_the_head_is_asked(seed):
     results, calls = [], []
     for plan in (None, steep_plan(), flat_plan()):
         out = StepOutput(hidden, head, plan=plan)
-        paths, bonus = verify_step(out, trees, reqs)
-        results.append(([p.tolist() for p in paths], bonus))
+        batch = TreeBatch.of(trees)
+        got = verify_step(out, batch, reqs)
+        paths = [got.path(i) for i in range(batch.num_trees)]
+        results.append(([p.tolist() for p in paths], got.next_tokens.tolist()))
         calls.append(out.head_calls)
     assert results[0] == results[1] == results[2]
     levels = max(len(p) for p in results[0][0])  # head calls of the walk one level at a time
