@@ -140,9 +140,8 @@ class Drafts:
     batch: Any = None
     drafting: list[int] = field(default_factory=list)
     decision: Any = None  # the policy's (sssd.policy.records.Decision), handed back to its observe
-    observed: np.ndarray | None = (
-        None  # [M] int64: node j of ``batch`` is node observed[j] of ``trees`` (-1: none)
-    )
+    # [M] int64: node j of ``batch`` is node observed[j] of ``trees`` (-1: not there)
+    observed: np.ndarray | None = None
 
 
 class Engine(RequestsMixin, RunsMixin):
@@ -309,8 +308,9 @@ class Engine(RequestsMixin, RunsMixin):
         observed[checked.verified] = np.flatnonzero(in_drafting[drafts.trees.tree_of])
         # the drafter learns from what was verified only: nodes cut here were never scored (take_nodes)
         drafts.batch, drafts.drafting = take_nodes(batch, checked.verified), drafting
-        cut = len(np.asarray(drafts.batch.tokens)) != len(observed)  # (a batch of no known type is not)
-        drafts.observed = observed[checked.verified] if cut else observed
+        # (take_nodes returns a batch of no type it knows whole: then every node of it stays observed)
+        whole = len(np.asarray(drafts.batch.tokens)) == len(observed)
+        drafts.observed = observed if whole else observed[checked.verified]
 
     def _advance(self, reqs: list[Request], drafts: Drafts, accepted: AcceptedPaths) -> list:
         """Append each request's accepted tokens and the model's own next token, tell the drafter, and
@@ -331,8 +331,8 @@ class Engine(RequestsMixin, RunsMixin):
             seen = drafts.observed >= 0
             on_path = np.zeros(len(seen), bool)
             on_path[seen] = accepted.on_path(drafts.trees.num_nodes)[drafts.observed[seen]]
-            counts = np.rint(tree_sums(on_path.astype(np.float64), drafts.batch.offsets)).astype(np.int64) - 1
-            self._guard.observe([reqs[i].rid for i in drafts.drafting], drafts.batch, counts.tolist())
+            counts = np.rint(tree_sums(on_path.astype(np.float64), drafts.batch.offsets)).astype(np.int64)
+            self._guard.observe([reqs[i].rid for i in drafts.drafting], drafts.batch, (counts - 1).tolist())
         return events
 
     def _compile_time(self) -> float:

@@ -79,9 +79,9 @@ def verify_step(output: Any, batch: TreeBatch, reqs: list[Any], top_k: Any = Non
 
     Returns the accepted path (root first) and the model's next token of every request."""
     b = batch.num_trees
-    greedy = np.fromiter((r.params.greedy for r in reqs), bool, count=len(reqs))
     if len(reqs) != b:
         raise ValueError(f"{b} trees for {len(reqs)} requests")
+    greedy = np.fromiter((r.params.greedy for r in reqs), bool, count=b)
     lookup = ChildLookup(batch)
     spec = batch.uses_q & ~greedy
     root_prev = _root_prev(reqs) if top_k is not None else None
