@@ -192,3 +192,35 @@ def test_draft_distributions_follow_their_nodes():
     keep = np.array([True, True, True, True, True, False, True])
     sub = batch.subset(keep)
     assert np.array_equal(sub.q[sub.q_index[sub.q_index >= 0]], q[[1, 3]])
+
+
+def test_the_backend_is_chosen_once_and_plans_each_forward():
+    """The adapter picks its attention backend when it is built; a forward's plan is SDPA or the kernel's
+    (trees over the kernel's 128 nodes: SDPA), and every layer runs that one plan."""
+    from sssd.engine.adapter import ModelAdapter
+    from sssd.engine.backends import PackedBackend, PackedPlan, SdpaBackend, SdpaPlan
+    from tiny_models import tiny_model
+
+    model = tiny_model("llama")
+    sdpa = ModelAdapter(model, attention="sdpa")
+    emulated = ModelAdapter(model, attention="emulated")
+    assert type(sdpa.backend) is SdpaBackend and isinstance(emulated.backend, PackedBackend)
+    for adapter in (sdpa, emulated):
+        slot = adapter.cache.add()
+        adapter.prefill(slot, np.array([3, 4, 5]))
+    small = TreeBatch.of([random_tree(5, np.random.default_rng(0))])
+    assert isinstance(sdpa._context(0, small), SdpaPlan)
+    assert isinstance(emulated._context(0, small), PackedPlan)
+    assert isinstance(emulated._context(0, chain_tree(np.arange(200) % 7)), SdpaPlan)
+    plan = emulated._context(0, small)
+    plan.record = True
+    calls = []
+    real = plan.run
+
+    def run(*a, **k):
+        calls.append(id(plan))
+        return real(*a, **k)
+
+    plan.run = run
+    emulated._run(small.tokens, 3 + small.depth, plan, "none")
+    assert len(calls) == emulated.num_layers and plan.calls == list(range(emulated.num_layers))

@@ -55,6 +55,10 @@ def dense_visibility(batch: TreeBatch, committed: np.ndarray, rows: int) -> np.n
     real = np.arange(n_max)[None, :] < batch.sizes[:, None]  # [B, n_max]
     vis = real[:, :, None] & (row[None, None, :] < committed[:, None, None])
     vis[:, :, 0] |= ~real
+    if batch.num_trees == 1:  # one tree (a prefill chunk, a lone request): its block is a slice
+        c = int(committed[0])
+        vis[0, :, c : c + n_max] = ancestor_rows(batch)
+        return vis
     v, j = np.nonzero(ancestor_rows(batch))
     tree = batch.tree_of[v]
     vis[tree, batch.local[v], committed[tree] + j] = True
