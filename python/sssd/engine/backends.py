@@ -176,16 +176,8 @@ class PackedBackend(SdpaBackend):
         packed = self._ops.PackedTrees.from_numpy(
             batch.offsets, committed, slots, ancestor_bits(batch), cache.keys.device
         )
-        return PackedPlan(
-            cache,
-            slot_start,
-            slot_start + batch.num_trees,
-            rows,
-            batch.max_size,
-            writes,
-            packed,
-            self._kernel,
-        )
+        shared = (cache, slot_start, slot_start + batch.num_trees, rows, batch.max_size, writes)
+        return PackedPlan(*shared, packed, self._kernel)
 
 
 def backend_for(attention: str) -> SdpaBackend:
