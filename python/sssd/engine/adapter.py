@@ -39,6 +39,7 @@ from sssd.engine.backends import (
     EagerPlan,
     StepContext,
     backend_for,
+    register,
     sssd_attention,
 )
 from sssd.engine.head import HeadPlan, StepOutput
@@ -52,13 +53,6 @@ __all__ = [
     "ATTENTION_BACKENDS", "ATTENTION_NAME", "HeadPlan", "ModelAdapter", "StepContext", "StepOutput",
     "sssd_attention",
 ]  # fmt: skip
-
-
-def _register() -> None:
-    """Register ``sssd_attention`` (this module's name for it, looked up at each call) with transformers."""
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(ATTENTION_NAME, sssd_attention)
 
 
 class ModelAdapter:
@@ -91,7 +85,7 @@ class ModelAdapter:
             raise ValueError(f"{cls} is an encoder-decoder model; sssd drives decoder-only causal LMs")
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
-        _register()
+        register()
         # the engine's own view of the model (sssd.engine.shadow): same weights, its own attention setting
         # and eval mode; the user's model is never switched, so nothing can leave it switched
         view = shadow_model(model)

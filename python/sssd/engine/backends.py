@@ -55,6 +55,14 @@ def sssd_attention(module, query, key, value, attention_mask, scaling=None, drop
     return plan.run(module, query, key, value, scale, kwargs), None
 
 
+def register() -> None:
+    """Register ``sssd_attention`` (this module's name for it, looked up at each call) with transformers
+    under ``ATTENTION_NAME`` (every adapter does, when it is built)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION_NAME, sssd_attention)
+
+
 @dataclass
 class EagerPlan:
     """What every layer of one eager forward shares: the slots it covers, the keys each request reads
