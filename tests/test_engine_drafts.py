@@ -276,6 +276,9 @@ def test_any_batch_gives_valid_trees_within_the_budget_or_a_clear_refusal(case):
     total = 0
     offsets = np.asarray(batch.offsets)
     assert got.trees.num_nodes == int(got.verified.sum())  # exactly the verified nodes, in order
+    inner = np.ones(got.trees.num_nodes, bool)
+    inner[got.trees.offsets[:-1]] = False  # (a refused tree's root is the request's token)
+    assert (got.trees.tokens[inner] == np.asarray(batch.tokens)[got.verified][inner]).all()
     for i, tree in enumerate(got.trees.trees()):
         kept = offsets[i] + np.flatnonzero(got.verified[offsets[i] : offsets[i + 1]])  # its batch nodes
         if got.errors[i] is not None:
