@@ -44,13 +44,14 @@ class OverProposing(sssd.Drafter):
         return replace(batch, tokens=tokens) if self.break_rids else batch
 
 
-def _trials(trees, paths, reqs) -> int:
+def _trials(batch, accepted, reqs) -> int:
     """Verified nodes whose parent lay on the accepted path, of the requests that go on (one that reaches
     its length in the step does not pass its tokens to the drafter, which then records nothing for it)."""
     n = 0
-    for tree, path, req in zip(trees, paths, reqs, strict=True):
+    for i, req in enumerate(reqs):
+        path = accepted.path(i)
         if len(path) < req.remaining:
-            n += int(np.isin(tree.parents[1:], path).sum())
+            n += int(np.isin(batch.tree(i).parents[1:], path).sum())
     return n
 
 
@@ -61,10 +62,10 @@ def _run(drafter: OverProposing, budget: int, **cfg) -> tuple[float, int]:
     engine = Engine(tiny_model("llama"), drafter=drafter, config=EngineConfig(budget=budget, **cfg))
     verify = engine._verify
 
-    def spy(output, trees, reqs, top_k=None):
-        paths, tokens = verify(output, trees, reqs, top_k)
-        seen.append(_trials(trees, [np.asarray(p) for p in paths], reqs))
-        return paths, tokens
+    def spy(output, batch, reqs, top_k=None):
+        accepted = verify(output, batch, reqs, top_k)
+        seen.append(_trials(batch, accepted, reqs))
+        return accepted
 
     engine._verify = spy  # the engine's seam for benchmarks (bench/engine/replay.py)
     engine.generate(PROMPTS, max_new_tokens=12, eos_token_ids=())

@@ -32,7 +32,7 @@ from sssd.engine.static_step import (
     bucket_for,
     resolve_compile,
 )
-from sssd.engine.trees import Tree
+from sssd.engine.trees import Tree, TreeBatch
 from test_engine_lossless import make_prompts, oracle, reference
 from test_engine_sampling import SmallModelLikeDrafter, assert_matches
 from tiny_models import COMPILE_FAMILIES, VOCAB, tiny_model
@@ -128,7 +128,7 @@ def test_static_forward_scores_trees_like_the_eager_forward(family):
         adapter.prefill(adapter.cache.add(), p[:-1])
     trees = [random_tree(n, rng, int(p[-1])) for n, p in zip((5, 1, 11), prompts, strict=True)]
     committed = adapter.cache.lengths.copy()
-    want = adapter.forward_trees(trees).logits()
+    want = adapter.forward_trees(TreeBatch.of(trees)).logits()
     before = [adapter.cache.keys[:, i, :, :c].clone() for i, c in enumerate(committed)]
     static = StaticStep(adapter, "static")
     starts = np.cumsum([0] + [len(t.tokens) for t in trees])
@@ -136,7 +136,7 @@ def test_static_forward_scores_trees_like_the_eager_forward(family):
     for slots, nodes, rows in ((4, 16, 128), (8, 32, 256)):
         cache.reserve_slots(slots)
         bucket = Bucket(slots, nodes, rows, cache.capacity, cache.slots)
-        rows = static.run(trees, committed, bucket)
+        rows = static.run(TreeBatch.of(trees), committed, bucket)
         with torch.inference_mode():
             logits = adapter._head(rows) if adapter.lazy_head else rows
         for i, t in enumerate(trees):
@@ -306,7 +306,7 @@ def test_ctrl_c_while_compiling_or_inside_a_static_forward_loses_nothing(monkeyp
                 raise KeyboardInterrupt
         return real_call(self, bucket, args, first)
 
-    monkeypatch.setattr("sssd.engine.adapter.static_attention", attention)
+    monkeypatch.setattr(ss, "static_attention", attention)  # what the static plan's run calls
     monkeypatch.setattr(StaticStep, "_call", call)
     done: dict[int, list[int]] = {}
     interrupts = 0
@@ -324,15 +324,15 @@ def test_ctrl_c_while_compiling_or_inside_a_static_forward_loses_nothing(monkeyp
 def test_a_model_that_cannot_be_captured_falls_back_with_one_warning(monkeypatch):
     """A graph break inside the forward (here: in the attention, which dynamo cannot trace under
     fullgraph) -> one warning naming the cause, the eager forward from then on, outputs still exact."""
-    import sssd.engine.adapter as adapter_module
+    import sssd.engine.static_step as static_module
 
-    real = adapter_module.static_attention
+    real = static_module.static_attention
 
     def untraceable(*a, **k):
         torch._dynamo.graph_break()
         return real(*a, **k)
 
-    monkeypatch.setattr(adapter_module, "static_attention", untraceable)
+    monkeypatch.setattr(static_module, "static_attention", untraceable)
     model = tiny_model("llama")
     prompts = make_prompts(3, seed=12)
     engine = Engine(
@@ -390,12 +390,12 @@ def test_padding_nodes_of_a_tree_near_the_end_of_its_rows_stay_inside_the_bucket
     adapter = ModelAdapter(tiny_model("llama"), attention="sdpa", compile="static", initial_capacity=128)
     adapter.prefill(adapter.cache.add(), rng.integers(2, VOCAB, 125))
     tree = [random_tree(3, rng, 9)]
-    got = adapter.forward_trees(tree).logits()
+    got = adapter.forward_trees(TreeBatch.of(tree)).logits()
     (bucket,) = adapter.static._ready
     assert bucket.nodes == 4 and bucket.rows >= 129 and adapter.cache.capacity >= 129
     eager = ModelAdapter(adapter.model, attention="sdpa")
     eager.cache, eager.static = adapter.cache, None  # the same committed rows, the eager forward
-    torch.testing.assert_close(got, eager.forward_trees(tree).logits(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got, eager.forward_trees(TreeBatch.of(tree)).logits(), rtol=1e-5, atol=1e-5)
 
 
 def test_compile_error_is_raised_for_the_first_call_only(monkeypatch):
@@ -404,21 +404,21 @@ def test_compile_error_is_raised_for_the_first_call_only(monkeypatch):
     adapter = ModelAdapter(tiny_model("llama"), attention="sdpa", compile="static")
     adapter.prefill(adapter.cache.add(), np.array([4, 5, 6]))
     tree = [random_tree(3, np.random.default_rng(0), 7)]
-    adapter.forward_trees(tree)
+    adapter.forward_trees(TreeBatch.of(tree))
 
     def boom(*args):
         raise RuntimeError("boom")
 
     monkeypatch.setattr(StaticStep, "_function", lambda self, bucket: boom)
     with pytest.raises(RuntimeError, match="boom"):
-        adapter.forward_trees(tree)
+        adapter.forward_trees(TreeBatch.of(tree))
     assert adapter.static is not None
     adapter2 = ModelAdapter(tiny_model("llama"), attention="sdpa", compile="static")
     adapter2.prefill(adapter2.cache.add(), np.array([4, 5, 6]))
     with pytest.raises(CompileError, match="boom"):
         cache = adapter2.cache
         bucket = bucket_for(1, 3, 6, cache.capacity, cache.slots)
-        adapter2.static.run(tree, cache.lengths.copy(), bucket)
+        adapter2.static.run(TreeBatch.of(tree), cache.lengths.copy(), bucket)
 
 
 # -- on a GPU ------------------------------------------------------------------------------------------
@@ -521,14 +521,14 @@ def test_cache_views_are_reused_until_the_cache_is_reallocated():
     adapter.prefill(adapter.cache.add(), np.array([4, 5, 6]))
     tree = [random_tree(3, np.random.default_rng(0), 7)]
     static = adapter.static
-    adapter.forward_trees(tree)
+    adapter.forward_trees(TreeBatch.of(tree))
     (bucket,) = static._ready
     first = static._cache_views(bucket)
-    adapter.forward_trees(tree)
+    adapter.forward_trees(TreeBatch.of(tree))
     assert static._cache_views(bucket)[0][0] is first[0][0]
     assert first[0][1].data_ptr() == adapter.cache.keys[1].data_ptr()  # a view of layer 1's rows
     adapter.cache.reserve(100)  # grows: the views of the old tensors are dropped
-    adapter.forward_trees(tree)
+    adapter.forward_trees(TreeBatch.of(tree))
     (bucket2,) = static._ready - {bucket}
     assert bucket2.capacity > bucket.capacity
     assert static._cache_views(bucket2)[0][0].data_ptr() == adapter.cache.keys[0].data_ptr()

@@ -142,12 +142,12 @@ def test_a_bad_q_row_refuses_only_its_own_tree():
     q[2, 9] = np.nan  # tree 0's second node
     b.draft_probs = q * 3.0  # unnormalized rows are normalized
     got = check_drafts(b, [4, 6], VOCAB, [8, 8], 16, [True, True])
-    assert got.trees[0] is None and "not finite" in got.errors[0]
-    tree = got.trees[1]
+    assert got.trees.sizes[0] == 1 and "not finite" in got.errors[0]
+    tree = got.trees.tree(1)
     assert np.flatnonzero(got.verified).tolist() == [0, 3, 4, 5]  # tree 0's root, tree 1 whole
     assert np.allclose(tree.q[1:].sum(axis=1), 1.0)
     greedy = check_drafts(b, [4, 6], VOCAB, [8, 8], 16, [False, True])
-    assert greedy.trees[0] is not None and greedy.trees[0].q is None
+    assert greedy.errors[0] is None and greedy.trees.tree(0).q is None
 
 
 def test_budget_cuts_are_best_first_and_closed_under_parents():
@@ -156,15 +156,14 @@ def test_budget_cuts_are_best_first_and_closed_under_parents():
     acc = np.array([1.0, 0.9, 0.8, 0.1, 0.5, 0.85])
     got = check_drafts(_batch([(tok, par)], acc_prob=acc), [7], VOCAB, [9], 3, [False])
     assert np.flatnonzero(got.verified).tolist() == [0, 1, 2, 5] and got.cut == 2
-    assert got.trees[0].tokens.tolist() == [7, 1, 2, 5] and got.trees[0].parents.tolist() == [-1, 0, 1, 0]
+    assert got.trees.tokens.tolist() == [7, 1, 2, 5] and got.trees.parents.tolist() == [-1, 0, 1, 0]
     # without scores: node order (a prefix, closed since parents come first)
     got = check_drafts(_batch([(tok, par)]), [7], VOCAB, [9], 3, [False])
     assert np.flatnonzero(got.verified).tolist() == [0, 1, 2, 3]
     # a child scored above its parent is dropped with it: fewer nodes, never an orphan
     bad = np.array([1.0, 0.1, 0.9, 0.95, 0.2, 0.2])
     got = check_drafts(_batch([(tok, par)], acc_prob=bad), [7], VOCAB, [9], 2, [False])
-    tree = got.trees[0]
-    assert np.flatnonzero(got.verified).tolist() == [0] and tree.parents.tolist() == [-1]
+    assert np.flatnonzero(got.verified).tolist() == [0] and got.trees.parents.tolist() == [-1]
     # non-finite scores: node order
     nan = acc.copy()
     nan[2] = np.nan
@@ -176,9 +175,9 @@ def test_a_global_budget_is_shared_across_trees_and_a_per_request_budget_per_tre
     fan = ([3, *range(10, 20)], [-1] + [0] * 10)
     b = _batch([fan, fan, fan])
     got = check_drafts(b, [3, 3, 3], VOCAB, [9] * 3, 7, [False] * 3)
-    assert [len(t.tokens) - 1 for t in got.trees] == [3, 2, 2]  # round robin in node order
+    assert (got.trees.sizes - 1).tolist() == [3, 2, 2]  # round robin in node order
     got = check_drafts(b, [3, 3, 3], VOCAB, [9] * 3, [1, 0, 4], [False] * 3)
-    assert [len(t.tokens) - 1 for t in got.trees] == [1, 0, 4] and got.cut == 30 - 5
+    assert (got.trees.sizes - 1).tolist() == [1, 0, 4] and got.cut == 30 - 5
 
 
 class HugeDrafter(ToyDrafter):
@@ -276,11 +275,16 @@ def test_any_batch_gives_valid_trees_within_the_budget_or_a_clear_refusal(case):
         return
     total = 0
     offsets = np.asarray(batch.offsets)
-    for i, tree in enumerate(got.trees):
+    assert got.trees.num_nodes == int(got.verified.sum())  # exactly the verified nodes, in order
+    inner = np.ones(got.trees.num_nodes, bool)
+    inner[got.trees.offsets[:-1]] = False  # (a refused tree's root is the request's token)
+    assert (got.trees.tokens[inner] == np.asarray(batch.tokens)[got.verified][inner]).all()
+    for i, tree in enumerate(got.trees.trees()):
         kept = offsets[i] + np.flatnonzero(got.verified[offsets[i] : offsets[i + 1]])  # its batch nodes
-        if tree is None:
+        if got.errors[i] is not None:
             assert isinstance(got.errors[i], str) and got.errors[i]
             assert kept.tolist() == [offsets[i]]  # the root alone: what a plain step scores
+            assert tree.tokens.tolist() == [last[i]] and tree.parents.tolist() == [-1]
             continue
         n = len(tree.tokens)
         total += n - 1

@@ -13,7 +13,7 @@ import torch
 from sssd.engine.adapter import ModelAdapter
 from sssd.engine.engine import Engine, EngineConfig
 from sssd.engine.masks import ancestor_bits
-from sssd.engine.trees import Tree
+from sssd.engine.trees import Tree, TreeBatch
 from sssd.kernels import tree_attention as cuda_ops
 from sssd.kernels.reference import ancestor_masks
 from sssd.kernels.tree_attention import MAX_TREE_NODES
@@ -45,7 +45,7 @@ def test_packed_masks_equal_the_kernel_reference(sizes):
     rng = np.random.default_rng(sum(sizes))
     trees = [random_tree(n, rng) for n in sizes]
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-    got = ancestor_bits(trees)
+    got = ancestor_bits(TreeBatch.of(trees))
     want = ancestor_masks(np.concatenate([t.parents for t in trees]), offsets)
     assert got.dtype == np.uint64 and np.array_equal(got, want)
 
@@ -53,7 +53,7 @@ def test_packed_masks_equal_the_kernel_reference(sizes):
 def test_packed_masks_hold_trees_of_at_most_the_kernels_limit():
     big = random_tree(MAX_TREE_NODES + 1, np.random.default_rng(0))
     with pytest.raises(ValueError, match="at most"):
-        ancestor_bits([big])
+        ancestor_bits(TreeBatch.of([big]))
 
 
 @pytest.mark.parametrize("attention", PACKED)
@@ -69,7 +69,7 @@ def test_packed_forward_equals_sdpa_forward(family, attention):
     for adapter in adapters:
         for p in prompts:
             adapter.prefill(adapter.cache.add(), np.array(p[:-1]))
-        logits.append(adapter.forward_trees(trees).logits())
+        logits.append(adapter.forward_trees(TreeBatch.of(trees)).logits())
     assert adapters[1].attention == attention
     torch.testing.assert_close(logits[1], logits[0], rtol=1e-4, atol=1e-4)
 
@@ -247,7 +247,7 @@ def test_gpu_kernel_runs_in_the_engine_and_agrees(dtype, monkeypatch):
     for adapter in adapters:
         for p in prompts:
             adapter.prefill(adapter.cache.add(), np.array(p[:-1]))
-        logits.append(adapter.forward_trees(trees).logits().float())
+        logits.append(adapter.forward_trees(TreeBatch.of(trees)).logits().float())
     assert calls
     torch.testing.assert_close(logits[0], logits[1], rtol=5e-2, atol=5e-2)
     # greedy outputs with speculation: every token is the SDPA model's argmax up to half-precision noise

@@ -5,7 +5,7 @@ and whatever interrupts a step (tests/interrupt_sweep.py checks it after an exce
 from __future__ import annotations
 
 import pytest
-import sssd.engine.adapter as adapter_module
+import sssd.engine.backends as backends_module
 import torch
 from sssd.engine.engine import Engine, EngineConfig
 from tiny_models import hf_greedy, tiny_model
@@ -37,20 +37,20 @@ def test_the_users_model_is_not_switched_even_during_a_forward(monkeypatch):
     model = _user_model(mixed=True)
     want = _settings(model)
     seen = []
-    real = adapter_module.sssd_attention
+    real = backends_module.sssd_attention
 
     def watching(*a, **k):  # inside every layer of every engine forward
         seen.append(_settings(model) == want)
         return real(*a, **k)
 
-    monkeypatch.setattr(adapter_module, "sssd_attention", watching)
-    adapter_module._register()
+    monkeypatch.setattr(backends_module, "sssd_attention", watching)
+    backends_module.register()
     try:
         engine = Engine(model, config=EngineConfig(budget=0))
         (res,) = engine.generate(PROMPT, max_new_tokens=4, eos_token_ids=())
     finally:
         monkeypatch.undo()
-        adapter_module._register()
+        backends_module.register()
     assert seen and all(seen)
     assert _settings(model) == want
     model.eval()

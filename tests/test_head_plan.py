@@ -1,5 +1,5 @@
 """Verification's output-head calls: one per level of the accepted paths, or one for every row still needed
-(``HeadPlan`` decides from measured costs). Either way the paths, the bonus tokens and the generated text are
+(``HeadCost`` decides from measured costs). Either way the paths, the bonus tokens and the generated text are
 the same; only the number of head calls changes."""
 
 from __future__ import annotations
@@ -9,26 +9,27 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from sssd.engine.adapter import HeadPlan, StepOutput
 from sssd.engine.engine import Engine, EngineConfig
-from sssd.engine.trees import Tree
-from sssd.engine.verify import _subtree, verify_step
+from sssd.engine.head import StepOutput
+from sssd.engine.trees import Tree, TreeBatch
+from sssd.engine.verify import subtrees, verify_step
+from sssd.policy.head_cost import HeadCost
 from tiny_models import VOCAB, tiny_model
 from toy_drafters import OracleDrafter
 
 torch.set_num_threads(1)
 
 
-def flat_plan() -> HeadPlan:
+def flat_plan() -> HeadCost:
     """Every call costs the same, whatever its rows: asking for all rows at once always pays."""
-    plan = HeadPlan(reprobe=0)
+    plan = HeadCost(reprobe=0)
     plan.cost = {1 << i: 1.0 for i in range(8)}
     return plan
 
 
-def steep_plan() -> HeadPlan:
+def steep_plan() -> HeadCost:
     """A call costs ten times more per doubling of its rows: one level at a time always pays."""
-    plan = HeadPlan(reprobe=0)
+    plan = HeadCost(reprobe=0)
     plan.cost = {1 << i: 10.0**i for i in range(8)}
     return plan
 
@@ -37,7 +38,7 @@ def test_the_plan_asks_for_all_rows_where_rows_are_free_and_per_level_where_they
     assert flat_plan().all_at_once(1, 17)
     assert not steep_plan().all_at_once(1, 17)
     assert not flat_plan().all_at_once(4, 4)  # nothing more to ask for
-    fresh = HeadPlan()
+    fresh = HeadCost()
     assert not fresh.all_at_once(1, 17)  # no call measured yet: one level first
     fresh.record(1, 0.005)
     assert fresh.all_at_once(1, 17)  # 32 rows never measured: tried once (costs as much as 1 so far)
@@ -58,7 +59,7 @@ def test_a_refused_size_is_measured_again_now_and_then():
 
 
 def test_call_costs_are_averaged_by_rows_rounded_to_a_power_of_two():
-    plan = HeadPlan()
+    plan = HeadCost()
     plan.record(5, 0.008)
     plan.record(7, 0.004)  # same bucket (8): the newest weighs a quarter
     assert plan.cost == {8: pytest.approx(0.007)}
@@ -71,7 +72,7 @@ def test_prefetched_logits_are_the_heads_own_and_cost_one_call():
     torch.manual_seed(0)
     head = torch.nn.Linear(8, 32, bias=False)
     rows = torch.randn(10, 8)
-    out = StepOutput(rows, head, plan=HeadPlan())
+    out = StepOutput(rows, head, head_cost=HeadCost())
     out.prefetch([2, 5, 7, 9])
     assert out.head_calls == 1
     got = out.logits([9, 2])
@@ -79,19 +80,23 @@ def test_prefetched_logits_are_the_heads_own_and_cost_one_call():
     torch.testing.assert_close(got, head(rows[[9, 2]]).detach())
     out.logits([9, 3])  # row 3 was not kept: a call of its own
     assert out.head_calls == 2
-    assert out.plan.cost  # the calls' times were recorded
-    full = StepOutput(rows, None, plan=HeadPlan())  # full logits: nothing to plan
-    assert full.plan is None
+    assert out.head_cost.cost  # the calls' times were recorded
+    full = StepOutput(rows, None, head_cost=HeadCost())  # full logits: nothing to plan
+    assert full.head_cost is None
     full.prefetch([1])
     torch.testing.assert_close(full.logits([1]), rows[[1]])
 
 
-def test_subtree_of_a_node():
+def test_subtrees_of_nodes_of_a_batch():
     parents = np.array([-1, 0, 1, 1, 0, 4, 2])
-    assert _subtree(parents, 0).tolist() == list(range(7))
-    assert _subtree(parents, 1).tolist() == [1, 2, 3, 6]
-    assert _subtree(parents, 4).tolist() == [4, 5]
-    assert _subtree(parents, 6).tolist() == [6]
+    depth = np.array([0, 1, 2, 2, 1, 2, 3])
+    one = TreeBatch(np.zeros(7, np.int64), parents, depth, np.array([0, 7]))
+    assert subtrees(one, np.array([0])).tolist() == list(range(7))
+    assert subtrees(one, np.array([1])).tolist() == [1, 2, 3, 6]
+    assert subtrees(one, np.array([4])).tolist() == [4, 5]
+    assert subtrees(one, np.array([6])).tolist() == [6]
+    two = TreeBatch.of([one.tree(0), Tree(np.zeros(2), np.array([-1, 0]), np.array([0, 1])), one.tree(0)])
+    assert subtrees(two, np.array([1, 7, 13])).tolist() == [1, 2, 3, 6, 7, 8, 13, 14]
 
 
 def _step(seed: int):
@@ -124,9 +129,11 @@ def test_paths_and_bonus_tokens_do_not_depend_on_how_the_head_is_asked(seed):
     hidden, head, trees, reqs = _step(seed)
     results, calls = [], []
     for plan in (None, steep_plan(), flat_plan()):
-        out = StepOutput(hidden, head, plan=plan)
-        paths, bonus = verify_step(out, trees, reqs)
-        results.append(([p.tolist() for p in paths], bonus))
+        out = StepOutput(hidden, head, head_cost=plan)
+        batch = TreeBatch.of(trees)
+        got = verify_step(out, batch, reqs)
+        paths = [got.path(i) for i in range(batch.num_trees)]
+        results.append(([p.tolist() for p in paths], got.next_tokens.tolist()))
         calls.append(out.head_calls)
     assert results[0] == results[1] == results[2]
     levels = max(len(p) for p in results[0][0])  # head calls of the walk one level at a time
@@ -149,6 +156,6 @@ def test_speculative_greedy_equals_plain_greedy_whichever_way_the_head_is_asked(
             drafter=OracleDrafter(VOCAB, truth, p_wrong=0.3, seed=1),
             config=EngineConfig(budget=16, max_batch_size=4),
         )
-        engine.adapter.head_plan = plan
+        engine.adapter.head_cost = plan
         got = [r.tokens for r in engine.generate(prompts, max_new_tokens=20, eos_token_ids=())]
         assert got == want, f"head plan {plan and plan.cost}"

@@ -16,7 +16,7 @@ from sssd.engine.attention import (
 )
 from sssd.engine.kv_cache import CacheShape, KVCache
 from sssd.engine.masks import ancestor_matrix, dense_visibility
-from sssd.engine.trees import Tree
+from sssd.engine.trees import Tree, TreeBatch
 from tiny_models import FAMILIES, tiny_model
 
 torch.set_num_threads(1)
@@ -55,7 +55,7 @@ def test_chain_equals_causal(h, hkv):
     ref = tree_attention_reference(q, k[:, :c], v[:, :c], k[:, c:], v[:, c:], chain)
     causal = causal_attention_reference(q, k, v)
     torch.testing.assert_close(ref, causal, rtol=1e-5, atol=1e-6)
-    vis = torch.from_numpy(dense_visibility([_tree(chain)], [c], c + n))
+    vis = torch.from_numpy(dense_visibility(TreeBatch.of([_tree(chain)]), [c], c + n))
     fused = tree_attention(q[None], k[None], v[None], vis, 1 / d**0.5)[0]
     torch.testing.assert_close(fused, causal, rtol=1e-5, atol=1e-6)
 
@@ -71,7 +71,7 @@ def test_fused_equals_reference_on_random_trees(seed):
     k = torch.randn(hkv, c + n, d, generator=g)
     v = torch.randn(hkv, c + n, d, generator=g)
     ref = tree_attention_reference(q, k[:, :c], v[:, :c], k[:, c:], v[:, c:], parents, scaling=0.3)
-    vis = torch.from_numpy(dense_visibility([_tree(parents)], [c], c + n))
+    vis = torch.from_numpy(dense_visibility(TreeBatch.of([_tree(parents)]), [c], c + n))
     fused = tree_attention(q[None], k[None], v[None], vis, 0.3)[0]
     torch.testing.assert_close(fused, ref, rtol=1e-5, atol=1e-6)
 
@@ -89,7 +89,7 @@ def test_kv_commit_matches_reference():
     paths = [np.array([0, 2, 5]), np.array([0]), np.array([0, 1, 3, 4])]
     expect_k = [commit_reference(cache.keys[:, s], int(cache.lengths[s]), p) for s, p in enumerate(paths)]
     lengths = cache.lengths + [len(p) for p in paths]
-    cache.commit(np.arange(3), paths)
+    cache.commit(np.arange(3), np.concatenate(paths), np.cumsum([0] + [len(p) for p in paths]))
     assert cache.lengths.tolist() == lengths.tolist()
     for s in range(3):
         n = int(lengths[s])
@@ -137,7 +137,7 @@ def test_each_node_logits_equal_plain_decoding_of_its_path(family, lazy):
             depth[v] = depth[parents[v]] + 1
         tokens = np.concatenate([[p[-1]], rng.integers(2, 90, size=n - 1)])
         trees.append(Tree(tokens, parents, depth))
-    logits = adapter.forward_trees(trees).logits()
+    logits = adapter.forward_trees(TreeBatch.of(trees)).logits()
     row = 0
     for p, t in zip(prompts, trees, strict=True):
         for v in range(len(t.tokens)):

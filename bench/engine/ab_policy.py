@@ -10,7 +10,7 @@ explore_every=4,min_gain=0``), ``prior_slope=S``: the built-in relative cost pri
 ``prior_weight=W``:
 the ``CostModel`` options. Either kind takes ``head=lazy`` (``fixed:16,head=lazy``): verification asks the
 output head for one level of the accepted paths per call, never for all remaining rows at once (the
-adapter's ``HeadPlan`` off).
+adapter's ``head_cost`` off).
 Every adaptive variant may choose up to ``--cap`` nodes (``adaptive:budget=16``: up to 16). Prints, per
 round, each variant's tokens/s, its ratio to the first variant and its tokens per forward. ``--replay``:
 every variant writes the engine's plain decoding's text (``bench/engine/replay.py``), so that bfloat16
@@ -73,7 +73,7 @@ def make_engine(variant, model, tok, ds, batch: int, cap: int):
     if head not in ("plan", "lazy"):
         raise SystemExit(f"head must be plan or lazy, got {head!r}")
     if head == "lazy":
-        engine.adapter.head_plan = None
+        engine.adapter.head_cost = None
     return engine
 
 

@@ -22,7 +22,7 @@ import time
 import numpy as np
 import torch
 from sssd.engine.adapter import ModelAdapter
-from sssd.engine.trees import chain_tree
+from sssd.engine.trees import TreeBatch, chain_tree
 from sssd.models.loading import load_model
 
 CONFIGS = {"torch": ("torch", "sdpa"), "linear": ("auto", "sdpa"), "linear+attention": ("auto", "packed")}
@@ -54,7 +54,7 @@ def main() -> int:
         print("| nodes per request | rows | " + " | ".join(CONFIGS) + " |")
         print("|---" * (len(CONFIGS) + 2) + "|")
         for n in (int(x) for x in args.nodes.split(",")):
-            trees = [chain_tree(np.arange(n) + 100) for _ in contexts]
+            trees = TreeBatch.of([chain_tree(np.arange(n) + 100).tree(0) for _ in contexts])
             rows = np.arange(n * batch)
             times: dict[str, list[float]] = {name: [] for name in adapters}
             for rep in range(args.reps + 1):

@@ -1,7 +1,7 @@
 """What a tree costs beyond its tokens: the attention, one padded SDPA call per layer (the engine's CPU
 path) for a batch of requests whose trees differ in size, against the cost model's tree attention pairs
 ``P_tree``; and one call of the output head by rows, which verification makes once per accepted depth or
-once for all the rows it still needs (``HeadPlan``: where 32 rows cost about what 1 does, one call pays).
+once for all the rows it still needs (``HeadCost``: where 32 rows cost about what 1 does, one call pays).
 
     PYTHONPATH=python python3 bench/engine/bench_tree_pairs.py --dtype bfloat16
 

@@ -16,7 +16,8 @@ writes; in float32 (no drift) it changes nothing.
         engine.generate(prompts, max_new_tokens=n)
     replay.steps, replay.moved        # request steps verified, and those where the model's own walk differed
 
-The engine's seam for it is ``Engine._verify`` (``verify_step``'s signature, for benchmarks only):
+The engine's seam for it is ``Engine._verify`` (``verify_step``'s signature: output, the step's
+``TreeBatch``, requests, top-k recorder -> ``AcceptedPaths``; for benchmarks only):
 ``on(engine)`` puts the replaying verification there for that engine alone and puts the engine's own back
 on leaving.
 """
@@ -28,6 +29,7 @@ from contextlib import contextmanager
 from functools import partial
 
 import numpy as np
+from sssd.engine.tree_batch import AcceptedPaths
 
 
 class Replay:
@@ -52,21 +54,22 @@ class Replay:
         finally:
             engine._verify = real
 
-    def verify(self, real, output, trees, reqs, top_k=None):
-        """``real``'s result replaced by the references' paths and bonus tokens (counted in ``steps`` and
+    def verify(self, real, output, batch, reqs, top_k=None):
+        """``real``'s result replaced by the references' paths and next tokens (counted in ``steps`` and
         ``moved``)."""
-        paths, bonus = real(output, trees, reqs, top_k)  # the real walk: its head calls and their time
-        out_paths, out_bonus = [], []
-        for tree, req, path, token in zip(trees, reqs, paths, bonus, strict=True):
+        got = real(output, batch, reqs, top_k)  # the real walk: its head calls and their time
+        paths, tokens = [], []
+        for i, req in enumerate(reqs):
             ref = self.references.get(tuple(int(t) for t in req.prompt))
             if ref is None:
                 raise KeyError(f"replay: no reference for the prompt of request {req.rid}")
-            p, t = self.follow(tree, ref, len(req.output))
+            p, t = self.follow(batch.tree(i), ref, len(req.output))
+            own = got.path(i)
             self.steps += 1
-            self.moved += int(len(p) != len(path) or t != token or not np.array_equal(p, path))
-            out_paths.append(p)
-            out_bonus.append(t)
-        return out_paths, out_bonus
+            self.moved += int(len(p) != len(own) or t != got.next_tokens[i] or not np.array_equal(p, own))
+            paths.append(p)
+            tokens.append(t)
+        return AcceptedPaths.from_paths(batch, paths, tokens)
 
     @staticmethod
     def follow(tree, ref: list[int], pos: int) -> tuple[np.ndarray, int]:

@@ -90,7 +90,7 @@ def build_model(torch, transformers, layers, smoke=False):
 
 
 def random_trees(batch, n, seed, vocab):
-    from sssd.engine.trees import Tree
+    from sssd.engine.trees import Tree, TreeBatch
 
     rng = np.random.default_rng(seed)
     trees = []
@@ -100,7 +100,7 @@ def random_trees(batch, n, seed, vocab):
         for j in range(1, n):
             depth[j] = depth[parents[j]] + 1
         trees.append(Tree(rng.integers(0, vocab, n).astype(np.int64), parents, depth))
-    return trees
+    return TreeBatch.of(trees)
 
 
 def prepare(torch, model, attention, batch, ctx, max_tree):

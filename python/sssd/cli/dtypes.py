@@ -94,7 +94,7 @@ def time_forwards(*models: Any) -> list[tuple[float, ...]]:
     out: list[list[float]] = [[] for _ in models]
 
     def forward(adapter: Any, tree: Any) -> None:
-        adapter.forward_trees([tree]).logits(np.arange(len(tree.tokens)))
+        adapter.forward_trees(tree).logits(np.arange(tree.num_nodes))
         adapter.synchronize()  # the forward's kernels, not only their launch
 
     with torch.inference_mode():

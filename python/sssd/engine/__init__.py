@@ -3,13 +3,15 @@
 Owns the step loop (``engine``: draft, forward, verify, commit, hand out; its accounting in ``stats``),
 requests in and out of the batch (``lifecycle``: queueing from any thread, admission, aborts, results;
 ``runs``: ``generate`` and ``stream``; ``threads``: the threading contract), the requests themselves
-(``requests``, ``chat``, ``detokenize``), the model adapter that registers the tree attention and drives
-the model through its public extension points (``adapter``, ``attention``; ``shadow``: the engine's own
-view of the user's model, which it never switches), the static-shape forward
-compiled or captured per bucket (``static_step``), the KV cache (``kv_cache``), checking a drafter's
-batch into the trees the model scores (``trees``) and their masks (``masks``), verification (``verify``
-for a step, ``acceptance`` for the per-node greedy / sampling / multi-step rules, ``sampling`` for the
-target's distribution), and what keeps faults from stranding the batch (``recovery``, ``policy_guard``).
+(``requests``, ``chat``, ``detokenize``), the model adapter that drives the model through its public
+extension points (``adapter``; ``shadow``: the engine's own view of the user's model, which it never
+switches), the registered tree attention as one plan/run backend per way of running it (``backends``,
+``attention``), the output head applied lazily (``head``), the static-shape forward compiled or
+captured per bucket (``static_step``), the KV cache (``kv_cache``), the step's trees as one flat batch
+and its accepted paths (``tree_batch``), checking a drafter's batch into it (``trees``) and its masks
+(``masks``), verification (``verify`` for a step, ``acceptance`` for the per-node greedy / sampling /
+multi-step rules, ``sampling`` for the target's distribution), and what keeps faults from stranding the
+batch (``recovery``, ``policy_guard``).
 
 Imports: torch, transformers, ``sssd.kernels`` (the GPU attention), ``sssd.policy`` (the budget policy
 interface), ``sssd.checks`` (argument checks), ``sssd.batch`` (the algebra of a flat batch of draft

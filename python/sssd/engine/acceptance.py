@@ -1,8 +1,11 @@
-"""Verification of one request's scored tree: which nodes are accepted, and the bonus token.
+"""The acceptance rules at one node, and verification of one whole tree (the references).
 
-Every function returns ``(path, bonus)``: ``path`` int64 ``[1 + accepted]`` = tree node indices from the
-root (node 0) along the accepted nodes, ``bonus`` = the LLM's own token after the last accepted node.
-The committed output of the step is ``tokens[path[1:]] + [bonus]``.
+The engine verifies a step's trees together on the flat batch (``sssd.engine.verify``), applying
+``specinfer_node`` where a sampling request's tree carries draft distributions. The whole-tree functions
+below are the per-tree references the tests drive with many random draws; they return ``(path, bonus)``:
+``path`` int64 ``[1 + accepted]`` = tree node indices from the root (node 0) along the accepted nodes,
+``bonus`` = the LLM's own token after the last accepted node. The committed output of the step is
+``tokens[path[1:]] + [bonus]``.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ def child_index(tokens: np.ndarray, parents: np.ndarray) -> dict[tuple[int, int]
     return index
 
 
-# -- one node at a time (the engine computes logits lazily, only for nodes on the accepted path) ------
+# -- one node at a time (verification computes logits lazily, only for nodes on the accepted path) ----
 def sampling_node(
     index: dict, node: int, probs: np.ndarray, rng: np.random.Generator
 ) -> tuple[int | None, int]:

@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from sssd.batch import take_nodes
+from sssd.batch import take_nodes, tree_sums
 from sssd.datastore.compat import check_for_model, drafter_datastores
 from sssd.engine.adapter import ATTENTION_BACKENDS, ModelAdapter
 from sssd.engine.detokenize import DecodeError
@@ -64,7 +64,7 @@ from sssd.engine.sampling import eos_defaults
 from sssd.engine.static_step import pow2_at_least
 from sssd.engine.stats import Budget, EngineStats
 from sssd.engine.threads import one_step_at_a_time
-from sssd.engine.trees import check_drafts, root_tree
+from sssd.engine.trees import AcceptedPaths, TreeBatch, check_drafts, root_trees
 from sssd.engine.verify import verify_step
 from sssd.kernels.linear import LINEAR_BACKENDS
 from sssd.policy.budget_mode import check_budget_mode, default_policy
@@ -131,15 +131,18 @@ class EngineConfig:
 
 @dataclass
 class Drafts:
-    """A step's trees: one per request (a root alone where nothing is drafted), the drafter's batch cut to
-    the nodes verified (what ``observe`` gets back) and the batch positions of the requests it drafted
-    for."""
+    """A step's trees: one flat batch, a tree per request (a root alone where nothing is drafted), the
+    drafter's batch cut to the nodes verified (what ``observe`` gets back), the batch positions of the
+    requests it drafted for, and where its nodes are in ``trees`` (the drafting requests' trees hold
+    exactly its nodes, in its order)."""
 
     budget: Budget
-    trees: list  # [B] sssd.engine.trees.Tree per request (None while being built)
+    trees: TreeBatch | None = None  # set by Engine._draft
     batch: Any = None
     drafting: list[int] = field(default_factory=list)
     decision: Any = None  # the policy's (sssd.policy.records.Decision), handed back to its observe
+    # [M] int64: node j of ``batch`` is node observed[j] of ``trees`` (-1: not there)
+    observed: np.ndarray | None = None
 
 
 class Engine(RequestsMixin, RunsMixin):
@@ -234,18 +237,18 @@ class Engine(RequestsMixin, RunsMixin):
         self.adapter.synchronize()  # GPU: the forward's time, not its launch time (verify waits anyway)
         t2 = time.perf_counter()
         top_k = TopKRecorder.for_drafter(self.drafter) if self._guard is not None else None
-        paths, next_tokens = self._verify(output, drafts.trees, reqs, top_k)
-        self.adapter.commit(paths)
-        events = self._advance(reqs, drafts, paths, next_tokens)
+        accepted = self._verify(output, drafts.trees, reqs, top_k)
+        self.adapter.commit(accepted)
+        events = self._advance(reqs, drafts, accepted)
         if top_k is not None:  # the verifier's own top-k, recycled (sssd.engine.recycle)
             self._guard.recycle(top_k)
         events = final_events + self._retire(events)
         t3 = time.perf_counter()
         compiling, head_s = self._compile_time(), output.head_s  # compilation is not the step's time
-        drafted = [len(t.tokens) - 1 for t in drafts.trees]
+        drafted = (drafts.trees.sizes - 1).tolist()
         record = StepRecord(
             len(reqs), context_tokens, len(reqs) + sum(drafted), drafts.budget.as_plan(),
-            [len(p) - 1 for p in paths], draft_s=t1 - t0, forward_s=t2 - t1 - compiling + head_s,
+            (accepted.lengths - 1).tolist(), draft_s=t1 - t0, forward_s=t2 - t1 - compiling + head_s,
             head_s=head_s, verify_s=t3 - t2 - head_s, prefill_s=prefill_s,
             request_ids=[r.rid for r in reqs], drafted=drafted, tokens=sum(len(e.tokens) for e in events),
             head_calls=output.head_calls,
@@ -263,15 +266,14 @@ class Engine(RequestsMixin, RunsMixin):
         """The step's trees: the drafter's (checked and cut to the budget, ``sssd.engine.trees``) for the
         requests whose drafter state matches their tokens, roots alone for the others. A failing drafter
         costs the step its speculation, not its tokens; a malformed tree costs its own request's only."""
-        drafts = Drafts(budget, [None] * len(reqs))
+        drafts = Drafts(budget)
         if self._guard is not None and budget.total > 0:
             self._guard.sync(reqs)
             drafting = [i for i, r in enumerate(reqs) if r.drafter_tokens == r.context_len]
             if drafting:
                 self._propose(drafts, reqs, view, drafting)
-        for i, t in enumerate(drafts.trees):
-            if t is None:
-                drafts.trees[i] = root_tree(reqs[i].last_token)
+        if drafts.trees is None:  # nothing drafted: a root alone per request
+            drafts.trees = root_trees([r.last_token for r in reqs])
         if drafts.decision is None:  # nothing proposed, or a budget per request: the policy cut nothing
             drafts.decision = self._policy.decide(view, None)
         return drafts
@@ -297,22 +299,31 @@ class Engine(RequestsMixin, RunsMixin):
         except Exception as e:  # a batch that cannot be split into trees (MalformedDraftError): the drafter's
             self._guard.failed("propose", e, sub)
             return
-        for j, i in enumerate(drafting):
-            if checked.trees[j] is None:
-                self._guard.refused(sub[j], checked.errors[j])
-            else:
-                drafts.trees[i] = checked.trees[j]
+        for j, error in enumerate(checked.errors):
+            if error is not None:
+                self._guard.refused(sub[j], error)
         if checked.cut:
             self._guard.over_budget(checked.cut, checked.proposed, budget)
+        # every request's tree in one batch: roots alone for those not drafted for
+        drafts.trees = checked.trees.placed(drafting, [r.last_token for r in reqs])
+        in_drafting = np.zeros(len(reqs), bool)
+        in_drafting[drafting] = True
+        observed = np.full(len(checked.verified), -1, np.int64)  # each batch node's place in the trees
+        observed[checked.verified] = np.flatnonzero(in_drafting[drafts.trees.tree_of])
         # the drafter learns from what was verified only: nodes cut here were never scored (take_nodes)
         drafts.batch, drafts.drafting = take_nodes(batch, checked.verified), drafting
+        # (take_nodes returns a batch of no type it knows whole: then every node of it stays observed)
+        whole = len(np.asarray(drafts.batch.tokens)) == len(observed)
+        drafts.observed = observed if whole else observed[checked.verified]
 
-    def _advance(self, reqs: list[Request], drafts: Drafts, paths: list, next_tokens: list[int]) -> list:
+    def _advance(self, reqs: list[Request], drafts: Drafts, accepted: AcceptedPaths) -> list:
         """Append each request's accepted tokens and the model's own next token, tell the drafter, and
         build the events (the tokens not handed out yet: an interrupted step's too)."""
         events = []
-        for req, tree, path, token in zip(reqs, drafts.trees, paths, next_tokens, strict=True):
-            new_tokens = self._append(req, [*tree.tokens[path[1:]].tolist(), token])
+        on_paths = drafts.trees.tokens[accepted.nodes].tolist()
+        offsets, next_tokens = accepted.offsets.tolist(), accepted.next_tokens.tolist()
+        for i, req in enumerate(reqs):
+            new_tokens = self._append(req, [*on_paths[offsets[i] + 1 : offsets[i + 1]], next_tokens[i]])
             if self._guard is not None and not req.finish_reason:
                 self._guard.extend(req, new_tokens)
             new = req.output[req.emitted :]
@@ -320,8 +331,12 @@ class Engine(RequestsMixin, RunsMixin):
                 StreamEvent(req.rid, new, req.peek_text(), req.finish_reason is not None, req.finish_reason)
             )
         if drafts.batch is not None:  # online calibration of the drafter
-            accepted = [len(paths[i]) - 1 for i in drafts.drafting]
-            self._guard.observe([reqs[i].rid for i in drafts.drafting], drafts.batch, accepted)
+            # the accepted paths over the observed batch (bool [M]), and the accepted nodes per tree
+            seen = drafts.observed >= 0
+            on_path = np.zeros(len(seen), bool)
+            on_path[seen] = accepted.on_path(drafts.trees.num_nodes)[drafts.observed[seen]]
+            counts = np.rint(tree_sums(on_path.astype(np.float64), drafts.batch.offsets)).astype(np.int64)
+            self._guard.observe([reqs[i].rid for i in drafts.drafting], drafts.batch, (counts - 1).tolist())
         return events
 
     def _compile_time(self) -> float:

@@ -138,30 +138,30 @@ class KVCache:
             self.values[layer, slot_start:slot_stop, :, :rows],
         )
 
-    def commit(self, slots: np.ndarray, paths: list[np.ndarray]) -> None:
-        """Keep the accepted nodes: for slot ``slots[i]``, tree node ``paths[i][j]`` (stored at row
-        ``length + paths[i][j]``) moves to row ``length + j``; the length grows by ``len(paths[i])``.
+    def commit(self, slots: np.ndarray, nodes: np.ndarray, offsets: np.ndarray) -> None:
+        """Keep the accepted nodes: path ``i`` = ``nodes[offsets[i]:offsets[i+1]]`` (tree node indices,
+        root first) of the tree stored after slot ``slots[i]``'s committed rows; its node ``t`` (at row
+        ``length + t``) moves to row ``length + j``, ``j`` its place on the path, and the length grows
+        by the path's length.
 
-        One gather/scatter over all layers for the whole batch; nodes already in place are skipped.
-        """
-        src_s, src_r, dst_r = [], [], []
-        for slot, path in zip(slots, paths, strict=True):
-            base = int(self.lengths[slot])
-            path = np.asarray(path, dtype=np.int64)
-            move = np.nonzero(path != np.arange(len(path)))[0]
-            if len(move):
-                src_s.append(np.full(len(move), slot, dtype=np.int64))
-                src_r.append(base + path[move])
-                dst_r.append(base + move)
-            self.lengths[slot] = base + len(path)
-        if not src_s:
-            return
-        dev = self.keys.device
-        s = torch.from_numpy(np.concatenate(src_s)).to(dev)
-        src = torch.from_numpy(np.concatenate(src_r)).to(dev)
-        dst = torch.from_numpy(np.concatenate(dst_r)).to(dev)
-        for t in (self.keys, self.values):
-            t[:, s, :, dst] = t[:, s, :, src]  # right side is gathered (a copy) before the write
+        One gather/scatter over all layers for the whole batch; nodes already in place are skipped. The
+        rows move before the lengths change: an interrupt in between leaves the lengths as they were."""
+        slots = np.asarray(slots, np.int64)
+        nodes = np.asarray(nodes, np.int64)
+        offsets = np.asarray(offsets, np.int64)
+        lengths = np.diff(offsets)
+        path_of = np.repeat(np.arange(len(slots)), lengths)
+        place = np.arange(len(nodes)) - offsets[path_of]
+        move = np.flatnonzero(nodes != place)
+        if len(move):
+            base = self.lengths[slots][path_of[move]]
+            dev = self.keys.device
+            s = torch.from_numpy(slots[path_of[move]]).to(dev)
+            src = torch.from_numpy(base + nodes[move]).to(dev)
+            dst = torch.from_numpy(base + place[move]).to(dev)
+            for t in (self.keys, self.values):
+                t[:, s, :, dst] = t[:, s, :, src]  # right side is gathered (a copy) before the write
+        self.lengths[slots] += lengths
 
 
 @dataclass

@@ -1,7 +1,8 @@
-"""The one place where draft trees become attention masks and kernel metadata.
+"""The one place where a step's trees become attention masks and kernel metadata.
 
-A tree (``sssd.engine.trees.Tree``) is checked once, where it enters the engine (``check_drafts``); every
-mask below is derived from one builder, :func:`ancestor_matrix`, whose oracle is the parent walk of
+Every builder takes the flat batch (``sssd.engine.tree_batch.TreeBatch``: one tree per slot, checked once
+where it entered the engine) and works on all trees at once; the only Python loop is over depth levels.
+All masks derive from :func:`ancestor_rows`, whose oracle is the parent walk of
 ``sssd.kernels.reference.ancestor_masks`` (tests). Node ``t`` of a tree sees itself and its ancestors;
 every node sees all of its request's committed cache rows.
 
@@ -14,65 +15,69 @@ every node sees all of its request's committed cache rows.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 
+from sssd.engine.tree_batch import TreeBatch
 from sssd.kernels.tree_attention import MAX_TREE_NODES
 
 
-def ancestor_matrix(parents: np.ndarray, depth: np.ndarray) -> np.ndarray:
-    """bool ``[n, n]``: ``m[i, j]`` is True when node ``j`` is node ``i`` or one of its ancestors.
-
-    ``parents[i] < i`` (-1 for the root), ``depth`` = parent's + 1: a checked tree. Built one depth level
-    at a time (each level's rows are their parents' rows plus the diagonal); a chain is the lower
-    triangle."""
-    parents = np.asarray(parents, dtype=np.int64)
-    n = len(parents)
-    if n <= 1 or np.array_equal(parents, np.arange(-1, n - 1)):  # a chain (prefill chunks, one-path drafts)
-        return np.tri(n, dtype=bool)
-    depth = np.asarray(depth)
-    m = np.eye(n, dtype=bool)
-    for d in range(1, int(depth.max()) + 1):
-        level = np.flatnonzero(depth == d)
-        m[level] |= m[parents[level]]
+def ancestor_rows(batch: TreeBatch, width: int | None = None) -> np.ndarray:
+    """bool ``[N, width]`` (``width`` >= the largest tree, default it): ``m[v, j]`` is True when node ``j``
+    of ``v``'s tree is ``v`` or one of its ancestors. One vectorised pass per depth level (a level's rows
+    are their parents' rows plus the diagonal); batches of chains are lower triangles at once."""
+    width = batch.max_size if width is None else int(width)
+    local = batch.local
+    if batch.is_chains:
+        return local[:, None] >= np.arange(width)[None, :]
+    m = np.zeros((batch.num_nodes, width), dtype=bool)
+    m[np.arange(batch.num_nodes), local] = True
+    gp = batch.global_parents
+    for level in batch.levels:
+        m[level] |= m[gp[level]]
     return m
 
 
-def dense_visibility(trees: Sequence, committed: np.ndarray, rows: int) -> np.ndarray:
+def ancestor_matrix(parents: np.ndarray, depth: np.ndarray) -> np.ndarray:
+    """bool ``[n, n]`` of one tree (``m[i, j]``: node ``j`` is node ``i`` or one of its ancestors)."""
+    parents = np.asarray(parents, np.int64)
+    n = len(parents)
+    tree = TreeBatch(np.zeros(n, np.int64), parents, np.asarray(depth, np.int64), np.array([0, n], np.int64))
+    return ancestor_rows(tree)
+
+
+def dense_visibility(batch: TreeBatch, committed: np.ndarray, rows: int) -> np.ndarray:
     """bool ``[B, n_max, rows]``: tree ``i``'s node ``t`` (stored at cache row ``committed[i] + t``) sees
     the committed rows and its ancestors' rows. Padding queries (``t >= len(tree)``) see row 0 only, so
     softmax stays defined; their outputs are dropped."""
-    n_max = max(len(t.tokens) for t in trees)
-    vis = np.zeros((len(trees), n_max, rows), dtype=bool)
-    for i, (t, c) in enumerate(zip(trees, committed, strict=True)):
-        n, c = len(t.tokens), int(c)
-        vis[i, :n, :c] = True
-        vis[i, :n, c : c + n] = ancestor_matrix(t.parents, t.depth)
-        vis[i, n:, 0] = True
+    committed = np.asarray(committed, np.int64)
+    n_max = batch.max_size
+    row = np.arange(rows)
+    real = np.arange(n_max)[None, :] < batch.sizes[:, None]  # [B, n_max]
+    vis = real[:, :, None] & (row[None, None, :] < committed[:, None, None])
+    vis[:, :, 0] |= ~real
+    if batch.num_trees == 1:  # one tree (a prefill chunk, a lone request): its block is a slice
+        c = int(committed[0])
+        vis[0, :, c : c + n_max] = ancestor_rows(batch)
+        return vis
+    v, j = np.nonzero(ancestor_rows(batch))
+    tree = batch.tree_of[v]
+    vis[tree, batch.local[v], committed[tree] + j] = True
     return vis
 
 
-def padded_ancestors(trees: Sequence, slots: int, nodes: int) -> np.ndarray:
+def padded_ancestors(batch: TreeBatch, slots: int, nodes: int) -> np.ndarray:
     """bool ``[slots, nodes, nodes]``: tree ``b``'s ancestor matrix in the top-left corner of slot ``b``;
     every padding node (and every node of a padding slot) sees itself only."""
     anc = np.zeros((slots, nodes, nodes), dtype=bool)
     anc[:, np.arange(nodes), np.arange(nodes)] = True
-    for b, t in enumerate(trees):
-        k = len(t.tokens)
-        anc[b, :k, :k] = ancestor_matrix(t.parents, t.depth)
+    anc[batch.tree_of, batch.local] = ancestor_rows(batch, nodes)
     return anc
 
 
-def ancestor_bits(trees: Sequence) -> np.ndarray:
-    """uint64 ``[N, 2]`` (the packed trees' nodes in order): bit ``j`` of a node's row (word ``j // 64``)
-    is set when node ``j`` of its tree is the node or one of its ancestors."""
-    if any(len(t.tokens) > MAX_TREE_NODES for t in trees):
+def ancestor_bits(batch: TreeBatch) -> np.ndarray:
+    """uint64 ``[N, 2]`` (the batch's nodes in order): bit ``j`` of a node's row (word ``j // 64``) is set
+    when node ``j`` of its tree is the node or one of its ancestors."""
+    if batch.max_size > MAX_TREE_NODES:
         raise ValueError(f"the tree kernel's masks hold trees of at most {MAX_TREE_NODES} nodes")
-    rows = []
-    for t in trees:
-        m = np.zeros((len(t.tokens), MAX_TREE_NODES), dtype=bool)
-        m[:, : len(t.tokens)] = ancestor_matrix(t.parents, t.depth)
-        rows.append(np.packbits(m, axis=1, bitorder="little"))  # [n, 16] bytes, bit j of byte j // 8
-    packed = np.ascontiguousarray(np.concatenate(rows))
-    return packed.view("<u8").astype(np.uint64)  # two little-endian 64-bit words per node
+    bits = np.packbits(ancestor_rows(batch, MAX_TREE_NODES), axis=1, bitorder="little")  # [N, 16] bytes
+    return np.ascontiguousarray(bits).view("<u8").astype(np.uint64)  # two little-endian 64-bit words

@@ -118,7 +118,8 @@ def bucket_for(num_trees: int, max_nodes: int, max_rows: int, capacity: int, cac
 
 
 class StaticArgs:
-    """What the registered attention reads during a static forward (built inside the graph)."""
+    """The attention plan of a static forward (built inside the graph from the bucket's buffers); every
+    layer runs it (``sssd.engine.backends.sssd_attention``)."""
 
     __slots__ = ("keys", "nodes", "rows", "slots", "values", "visible", "write_rows", "write_slots")
 
@@ -127,6 +128,9 @@ class StaticArgs:
         self.visible = visible  # bool [slots, nodes, rows]
         self.write_slots, self.write_rows = write_slots, write_rows  # int64 [slots * nodes]
         self.slots, self.nodes, self.rows = slots, nodes, rows
+
+    def run(self, module: Any, query, key, value, scale: float, kwargs: dict) -> torch.Tensor:
+        return static_attention(module, query, key, value, self, scale)
 
 
 def static_attention(module: Any, query, key, value, args: StaticArgs, scale: float) -> torch.Tensor:
@@ -223,18 +227,15 @@ class StaticStep:
         self.last_compile_time = 0.0  # of the last run()
 
     # -- inputs --------------------------------------------------------------------------------------
-    def _fill(self, bucket: Bucket, trees: list[Any], committed: np.ndarray) -> dict[str, torch.Tensor]:
+    def _fill(self, bucket: Bucket, batch: Any, committed: np.ndarray) -> dict[str, torch.Tensor]:
         s, n = bucket.slots, bucket.nodes
         ids = np.zeros((s, n), np.int64)
-        pos = np.zeros((s, n), np.int64)
         com = np.zeros(s, np.int64)
-        com[: len(trees)] = committed
-        pos[:] = com[:, None]
-        for b, t in enumerate(trees):
-            k = len(t.tokens)
-            ids[b, :k] = t.tokens
-            pos[b, :k] += t.depth
-        anc = padded_ancestors(trees, s, n)
+        com[: batch.num_trees] = committed
+        pos = np.repeat(com[:, None], n, axis=1)
+        ids[batch.tree_of, batch.local] = batch.tokens
+        pos[batch.tree_of, batch.local] += batch.depth
+        anc = padded_ancestors(batch, s, n)
         host = {"input_ids": ids.reshape(1, -1), "position_ids": pos.reshape(1, -1), "committed": com,
                 "ancestors": anc}  # fmt: skip
         bufs = self._buffers.get(bucket)
@@ -255,9 +256,9 @@ class StaticStep:
             fn = _FUNCTIONS[key] = _bucket_function(self.mode, self.device.type, bucket)
         return fn
 
-    def run(self, trees: list[Any], committed: np.ndarray, bucket: Bucket) -> torch.Tensor:
-        """Score ``trees`` (slots ``0..len(trees)-1``) at ``bucket``'s shapes. Returns the output rows
-        ``[slots * nodes, hidden or vocab]`` (tree ``b``'s node ``t`` at row ``b * nodes + t``).
+    def run(self, batch: Any, committed: np.ndarray, bucket: Bucket) -> torch.Tensor:
+        """Score ``batch`` (a ``TreeBatch``, tree ``b`` in slot ``b``) at ``bucket``'s shapes. Returns the
+        output rows ``[slots * nodes, hidden or vocab]`` (tree ``b``'s node ``t`` at row ``b * nodes + t``).
 
         A bucket's first use compiles (or captures) it with one call, whose seconds go to
         ``compile_time`` and ``last_compile_time``, then runs it again: the forward only writes scratch
@@ -273,7 +274,7 @@ class StaticStep:
                 f"{adapter.model_class} has forward hooks ({', '.join(sorted(set(hooks)))}), which "
                 f"compile={self.mode!r} would skip"
             )
-        bufs = self._fill(bucket, trees, committed)
+        bufs = self._fill(bucket, batch, committed)
         model = adapter._base if adapter.lazy_head else adapter.view
         names = ("input_ids", "position_ids", "committed", "ancestors", "row_ids")
         args = (model, adapter.lazy_head, *(bufs[k] for k in names))

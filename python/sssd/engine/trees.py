@@ -1,4 +1,4 @@
-"""Turn a drafter's batch of trees into the per-request trees the model scores, checking everything first.
+"""Turn a drafter's batch of trees into the flat batch the model scores (``TreeBatch``), checked first.
 
 The engine accepts any object with ``tokens``, ``parents``, ``depth`` (``[N]``) and ``offsets``
 (``[B + 1]``) laid out as the shared contract says (tree ``i`` = ``slice(offsets[i], offsets[i+1])``,
@@ -29,50 +29,27 @@ from typing import Any
 import numpy as np
 
 from sssd.batch import tree_index
+from sssd.engine.tree_batch import AcceptedPaths, Tree, TreeBatch, chain_tree, root_trees
 
-
-@dataclass(frozen=True)
-class Tree:
-    """One request's part of a forward, nodes in topological order (parents first): stored after the
-    request's committed cache rows, in this order. Masks and kernel metadata: ``sssd.engine.masks``."""
-
-    tokens: np.ndarray  # [n] token ids; node 0 = root (the request's last context token)
-    parents: np.ndarray  # [n] parent index within the tree (< own index), -1 for the root
-    depth: np.ndarray  # [n] root = 0, the parent's + 1 elsewhere
-
-
-def root_tree(token: int) -> Tree:
-    """A tree of the root alone: a plain decoding step."""
-    return Tree(np.array([token], np.int64), np.array([-1], np.int64), np.array([0], np.int64))
-
-
-def chain_tree(tokens: np.ndarray) -> Tree:
-    """The tokens as one path (a prefill chunk)."""
-    n = len(tokens)
-    return Tree(np.asarray(tokens, np.int64), np.arange(-1, n - 1), np.arange(n))
+__all__ = [
+    "AcceptedPaths", "CheckedDrafts", "MalformedDraftError", "Tree", "TreeBatch", "chain_tree",
+    "check_drafts", "root_trees",
+]  # fmt: skip
 
 
 class MalformedDraftError(ValueError):
     """The drafter returned trees the engine cannot verify."""
 
 
-@dataclass(frozen=True)
-class DraftTree(Tree):
-    """A checked tree; ``q`` float64 ``[n, V]``: node v's token was drawn from ``q[v]`` (row 0, the root's,
-    is unused), or None for deterministic drafts (verified by plain sampling acceptance)."""
-
-    q: np.ndarray | None = None
-
-
 @dataclass
 class CheckedDrafts:
-    """What ``check_drafts`` kept: per request its checked tree, or None when its draft was refused, with
-    the reason in ``errors``. Which of the batch's nodes the trees hold is ``verified`` (what the drafter
-    observes, ``sssd.batch.take_nodes``)."""
+    """What ``check_drafts`` kept: ``trees``, one per request of the drafter's batch (the root alone where
+    its draft was refused, with the reason in ``errors``), the nodes ``verified`` of the batch in the same
+    order (what the drafter observes, ``sssd.batch.take_nodes``): ``trees`` is exactly those nodes."""
 
-    trees: list[DraftTree | None]
+    trees: TreeBatch
     errors: list[str | None]
-    verified: np.ndarray  # [N] bool: the batch's nodes in ``trees`` and the roots of the refused ones
+    verified: np.ndarray  # [N] bool: the batch's nodes in ``trees`` (the roots of the refused ones too)
     cut: int  # drafted nodes dropped to fit the budget (0 for a drafter that honours it)
     proposed: int  # drafted (non-root) nodes the batch held
 
@@ -102,12 +79,13 @@ def check_drafts(
     budget: int | Sequence[int],
     sampling: Sequence[bool],
 ) -> CheckedDrafts:
-    """Check ``batch`` (one tree per request) and cut it into the trees the forward scores.
+    """Check ``batch`` (one tree per request) and cut it to the nodes the forward scores.
 
     ``max_depth[i]``: nodes deeper than this are dropped (no point scoring tokens past what request ``i``
     may still produce); ``budget``: drafted nodes allowed for the whole batch (int) or per request;
     ``sampling[i]``: request ``i`` samples, so its tree carries the checked ``draft_probs`` rows if the
-    batch has them. Raises ``MalformedDraftError`` for a batch that cannot be split into trees."""
+    batch has them. Only nodes are dropped (the rest keeps its order). Raises ``MalformedDraftError`` for
+    a batch that cannot be split into trees."""
     b = len(last_tokens)
     offsets = _field(batch, "offsets", b + 1)
     tokens = _field(batch, "tokens", None)
@@ -121,46 +99,25 @@ def check_drafts(
             f"into {b} trees"
         )
     tree_of = tree_index(offsets)
-    errors = _node_errors(
-        tokens, parents, depth, offsets, tree_of, np.asarray(last_tokens, np.int64), vocab_size
-    )
+    want = np.asarray(last_tokens, np.int64)
+    errors = _node_errors(tokens, parents, depth, offsets, tree_of, want, vocab_size)
+    refused = np.array([e is not None for e in errors], bool)
+    root = np.zeros(n, bool)
+    root[offsets[:-1]] = True
     limits = np.maximum(np.asarray(max_depth, np.int64), 0)
-    deep = np.bincount(tree_of[depth > limits[tree_of]], minlength=b) > 0  # trees with nodes too deep
-    kept: list[np.ndarray | None] = [
-        None if errors[i] is not None
-        else np.flatnonzero(depth[offsets[i] : offsets[i + 1]] <= limits[i]) if deep[i]
-        else np.arange(sizes[i])
-        for i in range(b)
-    ]  # fmt: skip
-    before = sum(len(k) - 1 for k in kept if k is not None)
-    kept = _budget_cut(kept, parents, offsets, budget, lambda: _scores(batch, n, tree_of, offsets))
-    cut = before - sum(len(k) - 1 for k in kept if k is not None)
-    q_rows = _DraftProbs(batch, n, vocab_size) if any(sampling) else None
-    trees: list[DraftTree | None] = []
-    verified = np.zeros(n, bool)
-    verified[offsets[:-1]] = True
-    for i, k in enumerate(kept):
-        if k is None:
-            trees.append(None)
-            continue
-        a, e = int(offsets[i]), int(offsets[i + 1])
-        if len(k) == e - a:  # the whole tree: its arrays as they are
-            t, p, d, idx = tokens[a:e], parents[a:e], depth[a:e], np.arange(a, e)
-        else:  # a prefix-closed subset: parents renumbered
-            idx = a + k
-            remap = np.full(e - a, -1, np.int64)
-            remap[k] = np.arange(len(k))
-            t, p, d = tokens[idx], parents[idx], depth[idx]
-            p = np.where(p >= 0, remap[np.maximum(p, 0)], -1)
-        q = None
-        if sampling[i] and len(k) > 1 and q_rows is not None and q_rows.present:
-            q, errors[i] = q_rows.rows(idx, t, i)
-            if errors[i] is not None:
-                trees.append(None)
-                continue
-        trees.append(DraftTree(t, p, d, q))
-        verified[idx] = True
-    return CheckedDrafts(trees, errors, verified, cut, n - b)
+    keep = root | (~refused[tree_of] & (depth <= limits[tree_of]))  # closed: a parent is shallower
+    before = int(keep.sum()) - b
+    keep = _budget_cut(
+        keep, tree_of, parents, depth, offsets, budget, lambda: _scores(batch, n, tree_of, offsets)
+    )
+    cut = before - (int(keep.sum()) - b)
+    q = q_index = None
+    sampled = np.asarray(sampling, bool)[tree_of] & keep & ~root  # the nodes whose q would be read
+    if sampled.any() and getattr(batch, "draft_probs", None) is not None:
+        q, q_index, bad = _draft_probs(batch, n, vocab_size, sampled, tokens, tree_of, offsets, errors)
+        keep &= ~(bad[tree_of] & ~root)
+    flat = TreeBatch(tokens, parents, depth, offsets, q, q_index)
+    return CheckedDrafts(flat.subset(keep, want), errors, keep, cut, n - b)
 
 
 def _node_errors(tokens, parents, depth, offsets, tree_of, want, vocab_size: int) -> list[str | None]:
@@ -209,88 +166,78 @@ def _scores(batch: Any, n: int, tree_of: np.ndarray, offsets: np.ndarray) -> np.
     return -(np.arange(n) - offsets[tree_of]).astype(np.float64)
 
 
-def _budget_cut(kept, parents, offsets, budget, get_scores) -> list[np.ndarray | None]:
-    """Cut the trees to ``budget`` drafted nodes (an int for the whole batch, or one per tree): the best
-    nodes by ``get_scores()`` (computed only when something is cut; ties: lower node index, then lower
-    tree), closed under parents. ``kept[i]``: sorted node indices within tree ``i`` (node 0 first) or
-    None."""
-    per_tree = not isinstance(budget, (int, np.integer))
-    caps = [int(x) for x in budget] if per_tree else None
-    total = sum(len(k) - 1 for k in kept if k is not None)
-    if not per_tree and total <= int(budget):
-        return kept
-    # candidates: (tree, local index) of every non-root node still in play
-    trees = [i for i, k in enumerate(kept) if k is not None and len(k) > 1]
-    out = list(kept)
-    if per_tree:
-        over = [i for i in trees if len(kept[i]) - 1 > max(caps[i], 0)]
-        scores = get_scores() if over else None
-        for i in over:
-            own = np.full(len(kept[i]) - 1, i)
-            out[i] = _best(kept[i][1:], own, offsets, scores, caps[i], parents)[i]
-        return out
-    cand = np.concatenate([kept[i][1:] for i in trees]) if trees else np.zeros(0, np.int64)
-    owner = np.concatenate([np.full(len(kept[i]) - 1, i) for i in trees]) if trees else cand
-    chosen = _best(cand, owner, offsets, get_scores(), int(budget), parents)
-    for i in trees:
-        out[i] = chosen.get(i, np.zeros(1, np.int64))
-    return out
+def _budget_cut(keep, tree_of, parents, depth, offsets, budget, get_scores) -> np.ndarray:
+    """Cut ``keep`` (bool ``[N]``) to ``budget`` drafted nodes (an int for the whole batch, or one per
+    tree): the best nodes by ``get_scores()`` (computed only when something is cut; ties: lower node
+    index, then lower tree), closed under parents."""
+    n, b = len(keep), len(offsets) - 1
+    root = np.zeros(n, bool)
+    root[offsets[:-1]] = True
+    cand = keep & ~root
+    local = np.arange(n) - offsets[tree_of]
+    if not isinstance(budget, (int, np.integer)):  # one budget per tree
+        caps = np.maximum(np.asarray([int(x) for x in budget], np.int64), 0)
+        over = np.bincount(tree_of[cand], minlength=b) > caps
+        if not over.any():
+            return keep
+        scores = get_scores()
+        idx = np.flatnonzero(cand & over[tree_of])
+        order = idx[np.lexsort((local[idx], -scores[idx], tree_of[idx]))]  # by tree, best first
+        first = np.searchsorted(tree_of[order], tree_of[order])  # where each tree's run starts
+        picked = keep & ~(cand & over[tree_of])
+        picked[order[np.arange(len(order)) - first < caps[tree_of[order]]]] = True
+    else:
+        if int(cand.sum()) <= int(budget):
+            return keep
+        scores = get_scores()
+        idx = np.flatnonzero(cand)
+        picked = keep & root
+        picked[idx[np.lexsort((tree_of[idx], local[idx], -scores[idx]))][: max(int(budget), 0)]] = True
+    gp = np.where(parents >= 0, parents + offsets[tree_of], 0)
+    for d in range(1, int(depth[picked].max(initial=0)) + 1):  # closed under parents, level by level
+        level = np.flatnonzero(picked & (depth == d))
+        picked[level] &= picked[gp[level]]
+    return picked
 
 
-def _best(local, owner, offsets, scores, k: int, parents) -> dict[int, np.ndarray]:
-    """The ``k`` best candidates (node ``local[j]`` of tree ``owner[j]``), closed under parents, as sorted
-    node indices per tree (root included)."""
-    local = np.asarray(local, np.int64)
-    owner = np.asarray(owner, np.int64)
-    glob = offsets[owner] + local
-    order = np.lexsort((owner, local, -scores[glob]))[: max(k, 0)]
-    out: dict[int, np.ndarray] = {}
-    for t in np.unique(owner).tolist():
-        picked = np.sort(local[order][owner[order] == t])
-        a = int(offsets[t])
-        keep, nodes = {0}, [0]
-        for v in picked.tolist():  # closed under parents: at most k nodes, each visited once
-            if int(parents[a + v]) in keep:
-                keep.add(v)
-                nodes.append(v)
-        out[t] = np.asarray(nodes, np.int64)
-    return out
-
-
-class _DraftProbs:
-    """The batch's ``draft_probs``, checked once for shape and then per tree for values."""
-
-    def __init__(self, batch: Any, n: int, vocab_size: int):
-        raw = getattr(batch, "draft_probs", None)
-        self.present, self.error, self.dp = raw is not None, None, None
-        if raw is None:
-            return
-        try:
-            dp = np.asarray(raw)
-        except Exception as e:
-            self.error = f"draft_probs is not an array: {e}"
-            return
-        if dp.ndim != 2 or dp.shape != (n, vocab_size) or dp.dtype.kind not in "fiu":
-            self.error = (
-                f"draft_probs must be a numeric [N, V] = [{n}, {vocab_size}] array, got {dp.dtype} "
-                f"{list(dp.shape)}"
-            )
-            return
-        self.dp = dp
-
-    def rows(self, idx: np.ndarray, tokens: np.ndarray, tree: int) -> tuple[np.ndarray | None, str | None]:
-        """float64 ``[n, V]`` rows of the nodes ``idx`` (batch indices, root first), each normalized; or
-        the reason they cannot be used. Only these rows are read: memory is bounded by the budget."""
-        if self.error is not None:
-            return None, self.error
-        q = self.dp[idx[1:]].astype(np.float64)
-        if not np.isfinite(q).all():
-            return None, f"draft_probs rows of tree {tree} are not finite"
-        if (q < 0).any():
-            return None, f"draft_probs rows of tree {tree} have negative entries"
-        own = q[np.arange(len(q)), tokens[1:]]
-        if not (own > 0).all():
-            v = int(np.flatnonzero(~(own > 0))[0]) + 1
-            return None, f"draft_probs give node {v} of tree {tree} its own token {tokens[v]} probability 0"
-        q /= q.sum(axis=1, keepdims=True)
-        return np.concatenate([np.zeros((1, q.shape[1])), q]), None
+def _draft_probs(batch, n, vocab_size, sampled, tokens, tree_of, offsets, errors):
+    """The batch's ``draft_probs`` rows of the nodes ``sampled`` (bool ``[N]``), checked and normalised:
+    ``(q [M, V] float64, q_index [N], bad [B])``, ``bad`` the trees refused for their rows (the reason
+    written to ``errors``). Only these rows are read: memory is bounded by the budget."""
+    bad = np.zeros(len(errors), bool)
+    trees = np.unique(tree_of[sampled])
+    error, dp = None, None
+    try:
+        dp = np.asarray(batch.draft_probs)
+    except Exception as e:
+        error = f"draft_probs is not an array: {e}"
+    if dp is not None and (dp.ndim != 2 or dp.shape != (n, vocab_size) or dp.dtype.kind not in "fiu"):
+        error = (
+            f"draft_probs must be a numeric [N, V] = [{n}, {vocab_size}] array, got {dp.dtype} "
+            f"{list(dp.shape)}"
+        )
+    if error is not None:
+        for t in trees.tolist():
+            errors[t] = error
+        bad[trees] = True
+        return None, None, bad
+    idx = np.flatnonzero(sampled)
+    q = dp[idx].astype(np.float64)
+    own = q[np.arange(len(idx)), tokens[idx]]
+    checks = [
+        (~np.isfinite(q).all(axis=1), lambda t, v: f"draft_probs rows of tree {t} are not finite"),
+        ((q < 0).any(axis=1), lambda t, v: f"draft_probs rows of tree {t} have negative entries"),
+        (~(own > 0), lambda t, g: f"draft_probs give node {g - offsets[t]} of tree {t} its own token "
+                                  f"{tokens[g]} probability 0"),
+    ]  # fmt: skip
+    for rows_bad, message in checks:
+        for j in np.flatnonzero(rows_bad).tolist():
+            t = int(tree_of[idx[j]])
+            if not bad[t]:
+                bad[t] = True
+                errors[t] = message(t, int(idx[j]))
+    q /= np.where(bad[tree_of[idx]], 1.0, q.sum(axis=1))[:, None]
+    q_index = np.full(n, -1, np.int64)
+    q_index[idx] = np.arange(len(idx))
+    q_index[bad[tree_of]] = -1
+    return q, q_index, bad

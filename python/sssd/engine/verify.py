@@ -1,13 +1,17 @@
-"""Verify every tree of a step: greedy, sampling or SpecInfer per request, walking all trees at once.
+"""Verify every tree of a step at once: greedy, sampling or SpecInfer per request, on the flat batch.
 
-Only nodes on accepted paths need the LLM's distribution, so the walk asks the forward's output for
-logits one depth at a time (one output-head call per level for the whole batch, only for the node each
-request stands on). On a CPU the output head (vocab x hidden) is a large part of a small model's
-forward; computing it for ``1 + accepted`` rows instead of every draft node saves most of it when the
-head's cost grows with its rows (float32). Where it does not (bfloat16 on matrix units, a GPU), one call
-per level costs more than one call for every row still needed: the forward's ``HeadPlan``
-(``sssd.engine.adapter``) decides at each level from measured call costs whether to ask for the rows of
-the subtrees below the walks' nodes at once. Either way each row's logits come from the same head.
+The walks of all requests advance together, one depth level at a time, on batch (global) node indices:
+each level asks the forward's output for the logits of the node every walk stands on (one output-head
+call for the whole batch), finds the children carrying the greedy requests' argmax in one vectorised
+lookup (``ChildLookup``: sorted ``(parent, token)`` keys and ``searchsorted``), and draws the sampling
+requests' tokens one request at a time (each has its own positional random stream, ``req.draws``).
+
+Only nodes on accepted paths need the LLM's distribution. On a CPU the output head (vocab x hidden) is a
+large part of a small model's forward; computing it for ``1 + accepted`` rows instead of every draft node
+saves most of it when the head's cost grows with its rows (float32). Where it does not (bfloat16 on matrix
+units, a GPU), one call per level costs more than one call for every row still needed: the head's measured
+cost (``sssd.policy.head_cost.HeadCost``) decides at each level whether to ask for the rows of the subtrees
+below the walks' nodes at once. Either way each row's logits come from the same head.
 """
 
 from __future__ import annotations
@@ -16,101 +20,143 @@ from typing import Any
 
 import numpy as np
 
-from sssd.engine.acceptance import child_index, children_lists, sampling_node, specinfer_node
-from sssd.engine.sampling import target_probs
+from sssd.engine.acceptance import specinfer_node
+from sssd.engine.sampling import sample_from, target_probs
+from sssd.engine.tree_batch import AcceptedPaths, TreeBatch
 
 
-class _Walk:
-    __slots__ = ("bonus", "draft_probs", "index", "kids", "node", "path", "req", "start", "tree")
+class ChildLookup:
+    """``(node, token) -> child`` over a whole ``TreeBatch`` (batch indices; the first child wins where a
+    drafter repeats a sibling token), and each node's children in node order."""
 
-    def __init__(self, tree: Any, req: Any, start: int):
-        self.tree, self.req, self.start = tree, req, start
-        self.node, self.path, self.bonus = 0, [0], -1
-        # checked draft distributions (sssd.engine.trees.DraftTree.q, [n, V]); None: deterministic drafts
-        self.draft_probs = getattr(tree, "q", None) if not req.params.greedy else None
-        self.kids = children_lists(tree.parents) if self.draft_probs is not None else None
-        self.index = child_index(tree.tokens, tree.parents) if len(tree.tokens) > 1 else {}
+    def __init__(self, batch: TreeBatch):
+        gp = batch.global_parents
+        inner = np.flatnonzero(gp >= 0)
+        self._batch = batch
+        self._width = int(batch.tokens.max(initial=0)) + 1  # tokens at or past it have no child
+        keys = gp[inner] * self._width + batch.tokens[inner]
+        order = np.argsort(keys, kind="stable")  # stable: among equal keys the lowest node first
+        self._keys, self._child = keys[order], inner[order]
+        self._kids: tuple[np.ndarray, np.ndarray] | None = None
 
-    def token_before(self) -> int:
-        """The token before the current node's: its parent's, or for the root the request's token
-        before its last (-1: none)."""
-        if self.node > 0:
-            return int(self.tree.tokens[self.tree.parents[self.node]])
-        out, prompt = self.req.output, self.req.prompt
-        if len(out) >= 2:
-            return int(out[-2])
-        if out:
-            return int(prompt[-1])
-        return int(prompt[-2]) if len(prompt) >= 2 else -1
+    def __call__(self, nodes: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        """[k] int64: the child of ``nodes[j]`` carrying ``tokens[j]``, -1 where there is none."""
+        nodes, tokens = np.asarray(nodes, np.int64), np.asarray(tokens, np.int64)
+        if not len(self._keys):
+            return np.full(len(nodes), -1, np.int64)
+        valid = (tokens >= 0) & (tokens < self._width)
+        keys = nodes * self._width + np.where(valid, tokens, 0)
+        at = np.minimum(np.searchsorted(self._keys, keys), len(self._keys) - 1)
+        return np.where(valid & (self._keys[at] == keys), self._child[at], -1)
 
-    def decide(self, logits_row: Any, argmax: int | None) -> bool:
-        """Consume the LLM's output at the current node; True while the walk goes on."""
-        p = self.req.params
-        if p.greedy:
-            x = int(argmax)
-            nxt = self.index.get((self.node, x))
-        else:
-            probs = target_probs(logits_row[None], p)[0]
-            # the draws of the token after this node: keyed by its position, never by the step
-            rng = self.req.draws(self.req.context_len + int(self.tree.depth[self.node]))
-            if self.draft_probs is not None:
-                nxt, x = specinfer_node(self.tree.tokens, self.kids[self.node], probs, self.draft_probs, rng)
-            else:
-                nxt, x = sampling_node(self.index, self.node, probs, rng)
-        if nxt is None:
-            self.bonus = x
-            return False
-        self.path.append(nxt)
-        self.node = nxt
-        return True
+    def children(self, node: int) -> np.ndarray:
+        """The children of ``node`` (batch indices, in node order)."""
+        if self._kids is None:
+            gp = self._batch.global_parents
+            order = np.argsort(gp, kind="stable")
+            self._kids = (gp[order], order)
+        parents, order = self._kids
+        a, e = np.searchsorted(parents, [node, node + 1])
+        return order[a:e]
 
 
-def verify_step(
-    output: Any, trees: list[Any], reqs: list[Any], top_k: Any = None
-) -> tuple[list[np.ndarray], list[int]]:
-    """output: the forward's ``StepOutput`` (rows packed in tree order); trees: one ``Tree`` per request,
-    checked by ``sssd.engine.trees.check_drafts`` (a ``DraftTree`` with ``q`` is verified by SpecInfer
-    when its request samples); top_k: a ``sssd.engine.recycle.TopKRecorder`` that keeps the top-k of
-    every row read (None: none kept).
+def subtrees(batch: TreeBatch, nodes: np.ndarray) -> np.ndarray:
+    """The nodes of the subtrees rooted at ``nodes`` (batch indices, ascending; a node's subtree holds
+    itself). One vectorised pass per depth level."""
+    inside = np.zeros(batch.num_nodes, bool)
+    inside[nodes] = True
+    gp = batch.global_parents
+    for level in batch.levels[int(batch.depth[nodes].min(initial=0)) :]:
+        inside[level] |= inside[gp[level]]
+    return np.flatnonzero(inside)
 
-    Returns the accepted path (root first) and the bonus token of every request.
-    """
-    starts = np.cumsum([0] + [len(t.tokens) for t in trees])
-    walks = [_Walk(t, r, int(s)) for t, r, s in zip(trees, reqs, starts[:-1], strict=True)]
-    active = list(range(len(walks)))
-    plan = getattr(output, "plan", None)
+
+def verify_step(output: Any, batch: TreeBatch, reqs: list[Any], top_k: Any = None) -> AcceptedPaths:
+    """output: the forward's ``StepOutput`` (rows in the batch's order); batch: the step's ``TreeBatch``,
+    checked by ``sssd.engine.trees.check_drafts`` (trees with draft distributions are verified by SpecInfer
+    when their request samples); reqs: the requests, tree ``i`` = ``reqs[i]``; top_k: a
+    ``sssd.engine.recycle.TopKRecorder`` that keeps the top-k of every row read (None: none kept).
+
+    Returns the accepted path (root first) and the model's next token of every request."""
+    b = batch.num_trees
+    if len(reqs) != b:
+        raise ValueError(f"{b} trees for {len(reqs)} requests")
+    greedy = np.fromiter((r.params.greedy for r in reqs), bool, count=b)
+    lookup = ChildLookup(batch)
+    spec = batch.uses_q & ~greedy
+    root_prev = _root_prev(reqs) if top_k is not None else None
+    node = batch.offsets[:-1].copy()  # [B] where each walk stands
+    next_tokens = np.full(b, -1, np.int64)
+    walked, walks = [node.copy()], [np.arange(b)]  # per level: the nodes stood on, by whom
+    active = np.arange(b)
+    head = getattr(output, "head_cost", None)
     fetched = False
-    while active:
-        rows = [walks[i].start + walks[i].node for i in active]
-        if plan is not None and not fetched:
-            below = np.concatenate(
-                [walks[i].start + _subtree(walks[i].tree.parents, walks[i].node) for i in active]
-            )
-            if plan.all_at_once(len(rows), len(below)):
+    while len(active):
+        rows = node[active]
+        if head is not None and not fetched:
+            below = subtrees(batch, rows)
+            if head.all_at_once(len(rows), len(below)):
                 output.prefetch(below)
                 fetched = True
         logits = output.logits(rows)  # [k, V]
-        greedy = any(walks[i].req.params.greedy for i in active)
+        g = greedy[active]
         if top_k is not None:  # the argmax comes with the top-k where the largest logit is unique
-            read = [int(walks[i].tree.tokens[walks[i].node]) for i in active]
-            argmax = top_k.add(read, [walks[i].token_before() for i in active], logits, greedy)
+            prev = np.where(
+                batch.depth[rows] > 0, batch.tokens[batch.global_parents[rows]], root_prev[active]
+            )
+            argmax = top_k.add(batch.tokens[rows].tolist(), prev.tolist(), logits, bool(g.any()))
         else:
-            argmax = logits.argmax(dim=-1).tolist() if greedy else None
-        active = [
-            i
-            for j, i in enumerate(active)
-            if walks[i].decide(logits[j], None if argmax is None else argmax[j])
-        ]
-        if plan is not None:
-            plan.level(bool(active))
-    return [np.asarray(w.path, dtype=np.int64) for w in walks], [w.bonus for w in walks]
+            argmax = logits.argmax(dim=-1).tolist() if g.any() else None
+        child, token = np.full(len(active), -1, np.int64), np.zeros(len(active), np.int64)
+        if argmax is not None:
+            sel = np.flatnonzero(g)
+            token[sel] = np.asarray(argmax, np.int64)[sel]
+            child[sel] = lookup(rows[sel], token[sel])
+        for j in np.flatnonzero(~g).tolist():  # sampling: each request's own random stream
+            child[j], token[j] = _draw(
+                batch, lookup, reqs[active[j]], int(rows[j]), logits[j], spec[active[j]]
+            )
+        stop = child < 0
+        next_tokens[active[stop]] = token[stop]
+        node[active[~stop]] = child[~stop]
+        active = active[~stop]
+        if len(active):
+            walked.append(node[active].copy())
+            walks.append(active)
+        if head is not None:
+            head.level(bool(len(active)))
+    owner, nodes = np.concatenate(walks), np.concatenate(walked)
+    order = np.argsort(owner, kind="stable")  # by request, root first (levels were appended in order)
+    offsets = np.zeros(b + 1, np.int64)
+    np.cumsum(np.bincount(owner, minlength=b), out=offsets[1:])
+    return AcceptedPaths.build(batch, nodes[order], offsets, next_tokens)
 
 
-def _subtree(parents: np.ndarray, node: int) -> np.ndarray:
-    """The nodes of the subtree rooted at ``node`` (itself first), parents preceding children."""
-    parents = np.asarray(parents)
-    inside = np.zeros(len(parents), dtype=bool)
-    inside[node] = True
-    for v in range(node + 1, len(parents)):
-        inside[v] = inside[parents[v]]
-    return np.flatnonzero(inside)
+def _draw(batch: TreeBatch, lookup: ChildLookup, req: Any, node: int, logits_row: Any, spec: bool):
+    """(child or -1, token) of a sampling request at ``node``: the model's token drawn from its
+    distribution there, and the child carrying it (SpecInfer: the children tried in order against their
+    draft distributions, the token from the residual if all are rejected)."""
+    probs = target_probs(logits_row[None], req.params)[0]
+    # the draws of the token after this node: keyed by its position, never by the step
+    rng = req.draws(req.context_len + int(batch.depth[node]))
+    if spec:
+        kids = lookup.children(node)
+        rows = batch.q[batch.q_index[kids]]
+        nxt, x = specinfer_node(batch.tokens[kids], list(range(len(kids))), probs, rows, rng)
+        return (-1 if nxt is None else int(kids[nxt])), x
+    x = sample_from(probs, rng)
+    return int(lookup(np.array([node]), np.array([x]))[0]), x
+
+
+def _root_prev(reqs: list[Any]) -> np.ndarray:
+    """[B] the token before each request's last one (-1: none): what the top-k rows of roots record."""
+    out = np.full(len(reqs), -1, np.int64)
+    for i, req in enumerate(reqs):
+        o, prompt = req.output, req.prompt
+        if len(o) >= 2:
+            out[i] = o[-2]
+        elif o:
+            out[i] = prompt[-1]
+        elif len(prompt) >= 2:
+            out[i] = prompt[-2]
+    return out
