@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pytest
 import sssd
+from sssd.batch import on_path_mask
 from sssd.engine.engine import Engine, EngineConfig
 from tiny_models import VOCAB, tiny_model
 from toy_drafters import ToyDrafter
@@ -44,14 +45,10 @@ class OverProposing(sssd.Drafter):
         return replace(batch, tokens=tokens) if self.break_rids else batch
 
 
-def _trials(trees, paths, reqs) -> int:
-    """Verified nodes whose parent lay on the accepted path, of the requests that go on (one that reaches
-    its length in the step does not pass its tokens to the drafter, which then records nothing for it)."""
-    n = 0
-    for tree, path, req in zip(trees, paths, reqs, strict=True):
-        if len(path) < req.remaining:
-            n += int(np.isin(tree.parents[1:], path).sum())
-    return n
+def _trials(trees, paths) -> int:
+    """Verified nodes whose parent lay on the accepted path, of every request (one that reaches its
+    length in the step too: the drafter observes the path by node indices, whether or not it is extended)."""
+    return sum(int(np.isin(tree.parents[1:], path).sum()) for tree, path in zip(trees, paths, strict=True))
 
 
 def _run(drafter: OverProposing, budget: int, **cfg) -> tuple[float, int]:
@@ -63,7 +60,7 @@ def _run(drafter: OverProposing, budget: int, **cfg) -> tuple[float, int]:
 
     def spy(output, trees, reqs, top_k=None):
         paths, tokens = verify(output, trees, reqs, top_k)
-        seen.append(_trials(trees, [np.asarray(p) for p in paths], reqs))
+        seen.append(_trials(trees, [np.asarray(p) for p in paths]))
         return paths, tokens
 
     engine._verify = spy  # the engine's seam for benchmarks (bench/engine/replay.py)
@@ -114,7 +111,7 @@ class FanSource(ToyDrafter):
         cat["probs"] = np.concatenate([t.probs for t in trees])
         return _Fan(**cat, offsets=np.arange(len(rids) + 1) * (k + 1))
 
-    def observe(self, rids, batch, accepted_counts):
+    def observe(self, rids, batch, on_path):
         self.seen.append(batch.tokens[batch.parents >= 0].tolist())
 
 
@@ -125,5 +122,5 @@ def test_merged_sources_observe_only_the_nodes_the_merged_tree_held():
     batch = merged.propose([1], budget=3)
     assert sorted(batch.tokens[1:].tolist()) == [8, 9, 11]
     merged.extend(1, [4])
-    merged.observe([1], batch, [0])
+    merged.observe([1], batch, on_path_mask(batch, paths=[[0]]))
     assert a.seen == [[8, 9]] and b.seen == [[11, 9]]

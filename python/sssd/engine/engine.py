@@ -316,7 +316,7 @@ class Engine(RequestsMixin, RunsMixin):
                 StreamEvent(req.rid, new, req.peek_text(), req.finish_reason is not None, req.finish_reason)
             )
         if drafts.batch is not None:  # online calibration of the drafter
-            accepted = [len(paths[i]) - 1 for i in drafts.drafting]
+            accepted = [paths[i] for i in drafts.drafting]  # node indices within drafts.batch's trees
             self._guard.observe([reqs[i].rid for i in drafts.drafting], drafts.batch, accepted)
         return events
 

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from sssd.batch import on_path_mask
+
 log = logging.getLogger("sssd.engine")
 
 MAX_BACKOFF_STEPS = 1024
@@ -130,11 +132,13 @@ class DrafterGuard:
         except Exception as e:  # a lost update of a cache: nothing to rebuild
             self.failed("recycle", e)
 
-    def observe(self, rids: list[int], batch: Any, accepted: list[int]) -> None:
+    def observe(self, rids: list[int], batch: Any, paths: list[Any]) -> None:
+        """The drafter's ``observe``: ``paths[i]`` are the node indices (root first) of the accepted path
+        in tree i of ``batch``, handed over as the on-path mask (``sssd.batch.on_path_mask``)."""
         if not hasattr(self.drafter, "observe"):
             return
         try:
-            self.drafter.observe(rids, batch, np.asarray(accepted, dtype=np.int64))
+            self.drafter.observe(rids, batch, on_path_mask(batch, paths=paths))
         except Exception as e:  # online calibration only: nothing to rebuild
             self.failed("observe", e)
 
