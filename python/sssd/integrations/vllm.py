@@ -181,7 +181,7 @@ class ChainProposer:
         f_sum = [float(chains.f[j][: lengths[j]].sum()) for j in range(len(idx))]
         self.proposed += int(lengths.sum())
         self._last = {"rows": rows, "n": int(lengths.sum()), "ctx": n_ctx, "batch": batch, "rids": rids,
-                      "idx": idx, "lengths": lengths, "f": f_sum}  # fmt: skip
+                      "lengths": lengths, "f": f_sum}  # fmt: skip
 
     def _feedback(self, now: float) -> dict | None:
         """The step's measured time to the cost model; returns the previous proposal when it drafted."""
