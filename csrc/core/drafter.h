@@ -110,7 +110,7 @@ class Drafter {
   void propose(const int64_t* rids, int64_t b, const int64_t* budgets, bool per_request, const double* tpot,
                double step_time, double slack, ProposeOutput& out);
 
-  // Calibration from b verified trees: each node whose parent lies on the accepted path is a trial of
+  // Calibration from verified trees: each node whose parent lies on the accepted path is a trial of
   // its (source, depth, match length, raw score) group, accepted when the node lies on the path too.
   // Every tree is checked first (nothing is recorded from a batch with a bad tree); the requests need
   // not exist any more. Returns the number of trees recorded (0 when online calibration is off).
