@@ -193,8 +193,9 @@ TEST(robustness_nan_scores_and_bad_depths_stay_in_bounds) {
 
 namespace {
 double weight_sum(sssd::Drafter& d) {
+  const sssd::Calibration c = d.calibration();  // weights() refers into it: keep it alive
   double s = 0.0;
-  for (double w : d.calibration().weights()) s += w;
+  for (double w : c.weights()) s += w;
   return s;
 }
 }  // namespace
