@@ -129,3 +129,40 @@ def tree_arrays(draw: st.DrawFn, max_nodes: int = 12) -> tuple[np.ndarray, np.nd
     elif breakage == "root":
         par[0] = draw(st.sampled_from([0, 1, -2]))
     return par, np.array(f, np.float64), dep
+
+
+@st.composite
+def on_path_masks(draw: st.DrawFn, offsets: Any, parents: Any) -> Any:
+    """An ``on_path`` argument of ``Drafter.observe`` for a batch (``offsets``, ``parents``): one random
+    path from each root (a bool array), or that broken in one place: a root unmarked, a second child or
+    an orphan marked, a wrong length, dtype or layout, or not an array at all."""
+    offsets, parents = np.asarray(offsets), np.asarray(parents)
+    n = len(parents)
+    mask = np.zeros(n, bool)
+    tree_ok = offsets.ndim == 1 and len(offsets) >= 1 and offsets.dtype.kind in "iu"
+    for i in range(len(offsets) - 1 if tree_ok else 0):
+        a, e = int(offsets[i]), int(offsets[i + 1])
+        if not 0 <= a < e <= n:
+            continue
+        node, mask[a] = 0, True
+        while draw(st.integers(0, 2)) > 0:
+            kids = [v for v in range(1, e - a) if int(parents[a + v]) == node]
+            if not kids:
+                break
+            node = draw(st.sampled_from(kids))
+            mask[a + node] = True
+    breakage = draw(st.sampled_from(["none"] * 4 + ["root", "flip", "length", "dtype", "layout", "junk"]))
+    if breakage == "root" and tree_ok and len(offsets) > 1 and 0 <= int(offsets[0]) < n:
+        mask[int(offsets[0])] = False
+    elif breakage == "flip" and n:
+        k = draw(st.integers(0, n - 1))
+        mask[k] = not mask[k]
+    elif breakage == "length":
+        mask = np.concatenate([mask, [True]]) if draw(st.booleans()) else mask[:-1]
+    elif breakage == "dtype":
+        mask = mask.astype(draw(st.sampled_from([np.uint8, np.int32, np.int64, np.float32])))
+    elif breakage == "layout":
+        mask = np.repeat(mask, 2)[::2] if n else np.stack([mask, mask])
+    elif breakage == "junk":
+        mask = draw(st.one_of(JUNK, st.just(mask.tolist())))
+    return mask

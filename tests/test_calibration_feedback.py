@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pytest
 import sssd
+from sssd.batch import check_path_mask, on_path_mask
 from sssd.engine.engine import Engine, EngineConfig
 from tiny_models import VOCAB, tiny_model
 from toy_drafters import ToyDrafter
@@ -44,15 +45,12 @@ class OverProposing(sssd.Drafter):
         return replace(batch, tokens=tokens) if self.break_rids else batch
 
 
-def _trials(batch, accepted, reqs) -> int:
-    """Verified nodes whose parent lay on the accepted path, of the requests that go on (one that reaches
-    its length in the step does not pass its tokens to the drafter, which then records nothing for it)."""
-    n = 0
-    for i, req in enumerate(reqs):
-        path = accepted.path(i)
-        if len(path) < req.remaining:
-            n += int(np.isin(batch.tree(i).parents[1:], path).sum())
-    return n
+def _trials(batch, accepted) -> int:
+    """Verified nodes whose parent lay on the accepted path, of every request (one that reaches its
+    length in the step too: the drafter observes the path by node indices, whether or not it is extended)."""
+    return sum(
+        int(np.isin(batch.tree(i).parents[1:], accepted.path(i)).sum()) for i in range(batch.num_trees)
+    )
 
 
 def _run(drafter: OverProposing, budget: int, **cfg) -> tuple[float, int]:
@@ -64,7 +62,7 @@ def _run(drafter: OverProposing, budget: int, **cfg) -> tuple[float, int]:
 
     def spy(output, batch, reqs, top_k=None):
         accepted = verify(output, batch, reqs, top_k)
-        seen.append(_trials(batch, accepted, reqs))
+        seen.append(_trials(batch, accepted))
         return accepted
 
     engine._verify = spy  # the engine's seam for benchmarks (bench/engine/replay.py)
@@ -101,7 +99,7 @@ class FanSource(ToyDrafter):
 
     def __init__(self, tokens, probs):
         super().__init__(VOCAB)
-        self.fan, self.p, self.seen = list(tokens), list(probs), []
+        self.fan, self.p, self.seen, self.paths = list(tokens), list(probs), [], []
 
     def has_request(self, rid):
         return rid in self.ctx
@@ -115,8 +113,9 @@ class FanSource(ToyDrafter):
         cat["probs"] = np.concatenate([t.probs for t in trees])
         return _Fan(**cat, offsets=np.arange(len(rids) + 1) * (k + 1))
 
-    def observe(self, rids, batch, accepted_counts):
+    def observe(self, rids, batch, on_path):
         self.seen.append(batch.tokens[batch.parents >= 0].tolist())
+        self.paths.append(batch.tokens[check_path_mask(batch, on_path)].tolist()[1:])
 
 
 def test_merged_sources_observe_only_the_nodes_the_merged_tree_held():
@@ -126,5 +125,21 @@ def test_merged_sources_observe_only_the_nodes_the_merged_tree_held():
     batch = merged.propose([1], budget=3)
     assert sorted(batch.tokens[1:].tolist()) == [8, 9, 11]
     merged.extend(1, [4])
-    merged.observe([1], batch, [0])
+    merged.observe([1], batch, on_path_mask(batch, paths=[[0]]))
     assert a.seen == [[8, 9]] and b.seen == [[11, 9]]
+
+
+def test_merged_sources_get_the_path_split_by_node():
+    """A source's node is on the path when the merged node it became is; of two siblings of a source with
+    one token (one merged node), the first."""
+    a, b = FanSource([8, 8, 10], [0.9, 0.5, 0.3]), FanSource([11, 8], [0.8, 0.4])
+    merged = sssd.MergedDrafter([a, b])
+    merged.add_request(1, [5, 6, 7])
+    batch = merged.propose([1], budget=3)
+    assert sorted(batch.tokens[1:].tolist()) == [8, 10, 11]
+    merged.observe([1], batch, on_path_mask(batch, tokens=[[8]]))  # before extend: the mask says it all
+    assert a.seen == [[8, 8, 10]] and a.paths == [[8]] and b.seen == [[11, 8]] and b.paths == [[8]]
+    one = a.propose([1])
+    a.observe([1], one, on_path_mask(one, paths=[[0, 1]]))
+    with pytest.raises(ValueError, match="two children"):
+        a.observe([1], one, np.array([True, True, True, False]))

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import sssd
+from sssd.batch import on_path_mask
 from sssd.drafter.retrieval import DraftBatch
 
 REPEAT = [5, 6, 7, 8, 9, 5, 6, 7, 8, 10, 5, 6, 7]
@@ -160,19 +161,38 @@ def test_slo_validation():
     check_contract(b, [1, 2])
 
 
-def test_observe_validation_and_deferral():
+def test_observe_validation_and_independence_of_extend():
     d = sssd.Drafter(config=sssd.DrafterConfig(calibration="identity"))
     d.add_request(1, REPEAT)
     b = d.propose([1], budget=4)
+    assert b.num_draft_nodes >= 2 and b.parents[1] == 0
+    root = on_path_mask(b, paths=[[0]])
     with pytest.raises(ValueError, match="request ids"):
-        d.observe([2], b, [0])
-    with pytest.raises(ValueError):
-        d.observe([1], b, [99])
-    assert d.observe([1], b, [1]) == 0  # not yet extended: deferred
-    d.extend(1, [8, 9])
-    assert d.observe([1], b, [1]) == 1
+        d.observe([2], b, root)
+    with pytest.raises(TypeError, match="bool"):
+        d.observe([1], b, root.tolist())
+    with pytest.raises(TypeError, match="bool"):
+        d.observe([1], b, root.astype(np.int64))
+    with pytest.raises(ValueError, match="shape"):
+        d.observe([1], b, root[:-1])
+    with pytest.raises(ValueError, match="root"):
+        d.observe([1], b, ~root & (b.parents == 0))
+    kids = np.flatnonzero(b.parents == 0)
+    two = root.copy()
+    two[kids[:2]] = True
+    if len(kids) >= 2:
+        with pytest.raises(ValueError, match="two children"):
+            d.observe([1], b, two)
+    orphan = root.copy()
+    orphan[np.flatnonzero(b.parents > 0)[:1]] = True
+    if orphan.sum() == 2:
+        with pytest.raises(ValueError, match="parent"):
+            d.observe([1], b, orphan)
+    before = d.calibration.weights.sum()
+    assert d.observe([1], b, on_path_mask(b, paths=[[0, 1]])) == 1  # before extend: recorded now
+    assert d.calibration.weights.sum() > before
     d.remove_request(1)
-    assert d.observe([1], b, [1]) == 0  # removed: ignored
+    assert d.observe([1], b, root) == 1  # the mask says it all: the request need not exist any more
 
 
 def test_batch_fields_are_complete():

@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 import sssd
+from sssd.batch import on_path_mask
 from sssd.drafter import calibration as cal
 
 
@@ -94,7 +95,7 @@ def test_online_updates_touch_only_observed_groups():
     for _ in range(30):  # the input source keeps predicting 8 / 9 after "5 6 7"; the truth is 1
         b = d.propose([1], budget=4)
         d.extend(1, [1])
-        d.observe([1], b, [0])
+        d.observe([1], b, on_path_mask(b, tokens=[[]]))
         d.extend(1, [5, 6, 7])
     after = d.calibration
     changed = np.nonzero(np.any(after.values != before.values, axis=-1))
@@ -109,7 +110,7 @@ def test_online_off_keeps_table():
     d.add_request(1, [5, 6, 7, 8, 5, 6, 7])
     b = d.propose([1], budget=4)
     d.extend(1, [1])
-    d.observe([1], b, [0])
+    d.observe([1], b, on_path_mask(b, tokens=[[]]))
     assert np.array_equal(d.calibration.values, cal.CalibrationTable.identity().values)
 
 
@@ -120,7 +121,7 @@ def test_online_update_matches_soft_binning():
     b = d.propose([1], budget=12)
     before = d.calibration.weights.copy()
     d.extend(1, [8, 1, 4])  # two draft tokens accepted ("8 1"), then the bonus token 4
-    d.observe([1], b, [2])
+    d.observe([1], b, on_path_mask(b, tokens=[[8, 1]]))
     delta = d.calibration.weights - before
     on = {0}
     for v in range(1, b.num_nodes):
@@ -138,3 +139,72 @@ def test_online_update_matches_soft_binning():
         expected[b.source[v], dd, mm, k + 1] += t - k
     assert len(trials) >= 3
     assert np.allclose(delta, expected, atol=1e-5)
+
+
+def _old_trials(b, accepted_tokens):
+    """The trials the former observe recorded (it re-matched the accepted tokens in each tree, the first
+    child holding each): (node, accepted) for every node whose parent lay on that path."""
+    out = []
+    for t, toks in enumerate(accepted_tokens):
+        a, e = int(b.offsets[t]), int(b.offsets[t + 1])
+        on, node = {0}, 0
+        for x in toks:
+            node = next(v for v in range(1, e - a) if b.parents[a + v] == node and b.tokens[a + v] == x)
+            on.add(node)
+        out += [(a + v, v in on) for v in range(1, e - a) if b.parents[a + v] in on]
+    return out
+
+
+def _one_node_trees(b, trials) -> tuple[dict, np.ndarray]:
+    """The trials as a batch of root + one node trees (the node on the path when it was accepted), in the
+    same order: what the former observe handed the table, one trial per tree."""
+    nodes = np.asarray([v for v, _ in trials], np.int64)
+    k = len(nodes)
+    pairs = lambda root, node: np.stack([np.full(k, root), node], axis=1).reshape(-1)  # noqa: E731
+    arrays = {
+        "offsets": np.arange(k + 1, dtype=np.int64) * 2,
+        "parents": pairs(-1, np.zeros(k)).astype(np.int32),
+        "source": pairs(-1, b.source[nodes]).astype(np.int8),
+        "depth": pairs(0, b.depth[nodes]).astype(np.int32),
+        "match_len": pairs(0, b.match_len[nodes]).astype(np.int32),
+        "raw_score": pairs(1.0, b.raw_score[nodes]).astype(np.float32),
+    }
+    on_path = pairs(True, np.asarray([acc for _, acc in trials], bool)).astype(bool)
+    return arrays, on_path
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_observe_records_what_token_matching_recorded(seed):
+    """The mask from the verified paths' node indices records exactly the trials, with their outcomes, that
+    the former observe found by matching the accepted tokens, on random batches (before or after extend,
+    alike): a second drafter fed those trials one by one ends with a bit-identical table."""
+    rng = np.random.default_rng(seed)
+    cfg = sssd.DrafterConfig(max_depth=6)  # the shipped table, refitted online
+    d, twin = sssd.Drafter(config=cfg), sssd.Drafter(config=cfg)
+    for r in range(5):
+        d.add_request(r, rng.integers(0, 6, 40).astype(np.int32))
+    for step in range(12):
+        b = d.propose(list(range(5)), budget=int(rng.integers(1, 40)))
+        paths = []
+        for t in range(5):
+            a, e = int(b.offsets[t]), int(b.offsets[t + 1])
+            path = [0]
+            while rng.random() < 0.7:
+                kids = [v for v in range(1, e - a) if b.parents[a + v] == path[-1]]
+                if not kids:
+                    break
+                path.append(int(rng.choice(kids)))
+            paths.append(path)
+        tokens = [[int(b.tokens[b.offsets[t] + v]) for v in p[1:]] for t, p in enumerate(paths)]
+        assert np.array_equal(on_path_mask(b, paths=paths), on_path_mask(b, tokens=tokens))
+        if step % 2:
+            assert d.observe(list(range(5)), b, on_path_mask(b, paths=paths)) == 5
+        for t, toks in enumerate(tokens):
+            d.extend(t, np.asarray([*toks, int(rng.integers(0, 6))], np.int32))
+        if step % 2 == 0:
+            assert d.observe(list(range(5)), b, on_path_mask(b, paths=paths)) == 5
+        trials = _old_trials(b, tokens)
+        assert any(acc for _, acc in trials) and not all(acc for _, acc in trials)
+        twin._native.observe(*_one_node_trees(b, trials))
+        assert np.array_equal(d.calibration.weights, twin.calibration.weights)
+        assert np.array_equal(d.calibration.values, twin.calibration.values)

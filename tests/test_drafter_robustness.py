@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import sssd
 from sssd import _core
+from sssd.batch import on_path_mask
 from sssd.drafter import reference as ref
 from sssd.drafter.allocation import allocate, greedy_sequence
 from sssd.policy.adaptive import BudgetConfig
@@ -41,7 +42,7 @@ def test_observe_rejects_nan_scores_and_the_drafter_stays_usable():
         object.__setattr__(batch, "raw_score", raw)
         before = d.calibration.values.copy()
         with pytest.raises(ValueError, match="raw_score"):
-            d.observe([0], batch, [1])
+            d.observe([0], batch, on_path_mask(batch, paths=[[0, 1]]))
         d.extend(0, [3, 1])
         assert np.array_equal(d.calibration.values, before)
     proposed(d)
@@ -83,7 +84,7 @@ def test_datastore_vocabulary_smaller_than_the_models(tmp_path):
     for step in range(6):  # generated tokens past the datastore's vocabulary, again and again
         d.extend(0, [450, 300, 1, 2, 3] if step % 2 else [450])
         batch = d.propose([0], budget=8)
-        d.observe([0], batch, [0])
+        d.observe([0], batch, on_path_mask(batch, paths=[[0]]))
     d.extend(0, [450])
     batch = d.propose([0], budget=8)
     assert batch.tokens[1] == 450 and batch.source[1] == 0  # "3 450" went on with 450: the own tokens
@@ -157,8 +158,10 @@ def test_native_errors_are_typed_and_worded():
     d.add_request(0, np.array([1, 2], np.int32))
     batch = d.propose(np.array([0], np.int64), np.array([4], np.int64), False, None, 0.02, 0.0)
     del batch["raw_score"]
+    roots = np.zeros(len(batch["parents"]), bool)
+    roots[0] = True
     with pytest.raises(ValueError, match="raw_score"):
-        d.observe(np.array([0], np.int64), batch, np.zeros(1, np.int64))
+        d.observe(batch, roots)
     with pytest.raises(TypeError, match="slo"):
         d.propose(np.array([0], np.int64), np.array([4], np.int64), False, [0.1], 0.02, 0.0)
 

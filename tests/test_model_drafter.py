@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import sssd
 import torch
+from sssd.batch import on_path_mask
 from sssd.engine.acceptance import verify_sampling, verify_specinfer
 from sssd.engine.engine import Engine, EngineConfig
 from test_engine_lossless import make_prompts, reference
@@ -147,13 +148,22 @@ def test_distinct_sampling_draws_each_sibling_from_q_without_the_earlier_ones():
 
 
 def test_score_table_bookkeeping():
-    from sssd.drafter.model_calibration import ScoreTable, reached_nodes, sibling_rank
+    from types import SimpleNamespace
 
-    # root -> 5 (-> 7, 8), 6 (-> 9); accepted tokens 5, 8, then a token the tree lacks
+    from sssd.drafter.model_calibration import ScoreTable, record_batch, sibling_rank
+
+    # root -> 5 (-> 7, 8), 6 (-> 9); accepted tokens 5, 8 (twice: two trees)
     tokens, parents = np.array([0, 5, 6, 7, 8, 9]), np.array([-1, 0, 0, 1, 1, 2])
     assert sibling_rank(parents).tolist() == [0, 0, 1, 0, 1, 0]
-    reached, acc = reached_nodes(tokens, parents, [5, 8, 3])
-    assert reached.tolist() == [1, 2, 3, 4] and acc.tolist() == [True, False, False, True]
+    assert sibling_rank(np.r_[parents, parents + 6 * (parents >= 0)]).tolist() == [0, 0, 1, 0, 1, 0] * 2
+    two = SimpleNamespace(tokens=np.r_[tokens, tokens], parents=np.r_[parents, parents],
+                          offsets=np.array([0, 6, 12]), raw_score=np.full(12, 0.3))  # fmt: skip
+    on_path = on_path_mask(two, tokens=[[5, 8], [5, 8]])
+    assert np.flatnonzero(on_path).tolist() == [0, 1, 4, 6, 7, 10]
+    t = ScoreTable(prior_weight=10, decay=1.0)
+    assert record_batch(t, two, on_path) == 2  # reached: 5, 6, 7, 8 of each tree; accepted: 5, 8
+    assert t.reached[0].sum() == 4 and t.reached[1].sum() == 4 and t.accepted[0].sum() == 2
+    assert t.accepted[1].sum() == 2
     t = ScoreTable(prior_weight=10)
     np.testing.assert_allclose(t(np.array([0.3, 0.02]), np.array([0, 5])), [0.3, 0.02])  # prior: p = q
     t.record(np.full(30, 0.3), np.zeros(30, np.int64), np.ones(30, bool))
@@ -235,7 +245,7 @@ def test_merged_trees_union_paths_and_mark_their_sources():
     q = one.probs[one.depth == 1]
     np.testing.assert_allclose(np.sort(batch.probs[shared]), np.sort(1 - (1 - q) ** 2), rtol=1e-5)
     assert m.source_names == ("ModelDrafter0", "ModelDrafter1")
-    assert m.observe([3], batch, [0]) == 1
+    assert m.observe([3], batch, on_path_mask(batch, paths=[[0]])) == 1
 
 
 # -- sampling ------------------------------------------------------------------------------------------

@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from native_fuzz import FLOAT_DTYPES, INT_DTYPES, arrays, call, ints, reals, tree_arrays
+from native_fuzz import FLOAT_DTYPES, INT_DTYPES, arrays, call, ints, on_path_masks, reals, tree_arrays
 from sssd import _core
+from sssd.batch import check_path_mask
 from sssd.drafter import reference as ref
 
 FUZZ = settings(max_examples=120)
@@ -27,7 +28,7 @@ COVERED = {
     "Builder": "test_native_fuzz_datastore",
     "Datastore": "test_native_fuzz_datastore",
     "search": "test_native_fuzz_datastore",
-    "Drafter": "test_native_fuzz_datastore",
+    "Drafter": "test_native_fuzz_datastore",  # observe's on_path also here
     "expand_recycled": "test_native_fuzz_recycled",
     "DatastoreError": "(an exception type)",
     "UnknownRequestError": "(an exception type)",
@@ -192,3 +193,52 @@ def test_tree_attention_emulate(b, n, ctx, data):
     out = call(_core.tree_attention_emulate, **args)
     if out is not None and key is None:
         assert out.shape == args["q"].shape and np.isfinite(out).all()
+
+
+@st.composite
+def observed_batches(draw: st.DrawFn) -> dict:
+    """The arrays ``Drafter.observe`` reads, of 0 to 4 well-formed trees (any source, depth and match
+    length; finite raw scores), or with one tree's parents broken."""
+    trees = draw(st.lists(tree_arrays(max_nodes=8), max_size=4))
+    sizes = [len(t[0]) for t in trees]
+    n = sum(sizes)
+    parents = np.concatenate([t[0] for t in trees]) if trees else np.zeros(0, np.int32)
+    return {
+        "offsets": np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
+        "parents": parents.astype(np.int32),
+        "source": np.asarray(draw(st.lists(st.integers(-2, 6), min_size=n, max_size=n)), np.int8),
+        "depth": np.asarray(draw(st.lists(st.integers(-3, 70), min_size=n, max_size=n)), np.int32),
+        "match_len": np.asarray(draw(st.lists(st.integers(-3, 70), min_size=n, max_size=n)), np.int32),
+        "raw_score": np.asarray(draw(st.lists(st.floats(-1, 2), min_size=n, max_size=n)), np.float32),
+    }
+
+
+@FUZZ
+@given(observed_batches(), st.data())
+def test_drafter_observe(batch, data):
+    """observe(batch, on_path) records a valid mask of a valid batch (every tree), and refuses anything
+    else with TypeError / ValueError before recording a thing."""
+    d = _core.Drafter([], {})
+    on_path = data.draw(on_path_masks(batch["offsets"], batch["parents"]))
+    before = d.calibration().weights
+    got = call(d.observe, batch, on_path)
+    b = len(batch["offsets"]) - 1
+    parents_ok = all(
+        batch["parents"][a] == -1 and all(0 <= batch["parents"][a + v] < v for v in range(1, e - a))
+        for a, e in zip(batch["offsets"][:-1], batch["offsets"][1:], strict=True)
+    )
+    try:
+        valid = (
+            parents_ok and check_path_mask(_Batch(batch), on_path) is not None and on_path.flags.c_contiguous
+        )
+    except (TypeError, ValueError):
+        valid = False
+    if valid:
+        assert got == b
+    else:
+        assert got is None and np.array_equal(d.calibration().weights, before)
+
+
+class _Batch:
+    def __init__(self, arrays: dict):
+        self.offsets, self.parents = arrays["offsets"], arrays["parents"]

@@ -9,7 +9,7 @@ import pytest
 import sssd
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from native_fuzz import EDGE_INTS, JUNK, arrays, call, ints, mostly, reals, succeeds
+from native_fuzz import EDGE_INTS, JUNK, arrays, call, ints, mostly, on_path_masks, reals, succeeds
 from sssd import _core
 from sssd.datastore import reference as ref
 
@@ -280,9 +280,9 @@ def test_drafter_methods(shards, ops, data):
             if out is not None:
                 last = (rids, out)
         elif op == "observe" and last is not None:
-            rids, batch = last
-            acc = data.draw(st.one_of(st.just(np.zeros(len(rids), np.int64)), arrays(dtypes=(np.int64,))))
-            call(d.observe, rids, mutated(batch, data), acc)
+            batch = mutated(last[1], data)
+            on_path = data.draw(on_path_masks(last[1]["offsets"], last[1]["parents"]))
+            call(d.observe, batch, on_path)
     d.add_request(99, np.array([1, 2, 3], np.int32))
     d.extend(99, np.array([4], np.int32))
     d.propose(np.array([99], np.int64), np.array([8], np.int64), False, None, 0.02, 0.0)

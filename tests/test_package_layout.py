@@ -25,7 +25,7 @@ ALLOWED = {
     "engine": {"batch", "checks", "datastore", "kernels", "policy"},
     "drafter": {"_core", "batch", "checks", "datastore", "engine", "fileio"},
     "evaluation": {"batch", "drafter", "fileio"},
-    "integrations": {"checks", "data", "datastore", "drafter", "fileio", "models", "policy"},
+    "integrations": {"batch", "checks", "data", "datastore", "drafter", "fileio", "models", "policy"},
     "cli": {"_core", "data", "datastore", "drafter", "engine", "evaluation", "fileio", "models", "policy"},
 }
 SHARED = {"_core", "_cuda", "batch", "checks", "fileio"}  # modules that import nothing of sssd

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from sssd import _core
+from sssd.batch import on_path_mask
 from sssd.drafter import reference as ref
 from sssd.drafter.calibration import SOURCES, CalibrationTable
 
@@ -297,7 +298,7 @@ def test_drafter_drafts_and_learns_from_recycled_candidates():
     assert b.tokens.tolist() == [5, 7, 9, 3] and b.source.tolist() == [-1, 3, 3, 3]
     assert b.match_len.tolist() == [0, 1, 1, 2]  # 1 + rank
     d.extend(0, np.asarray([7, 4], np.int32))
-    assert d.observe([0], b, [1]) == 1  # recycled nodes are calibration observations like any other
+    assert d.observe([0], b, on_path_mask(b, paths=[[0, 1]])) == 1  # recycled nodes are trials like any other
 
 
 def test_drafter_without_the_source_ignores_top_k():

@@ -2,6 +2,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+from sssd.batch import check_path_mask, tree_index
 from sssd.evaluation.baselines import PromptLookupDrafter
 from sssd.evaluation.pairs import Pair
 from sssd.evaluation.simulator import GroupStats, accepted_lengths, merge_results, simulate
@@ -38,8 +39,9 @@ class ScriptedDrafter:
     def remove_request(self, rid):
         self.removed.append((rid, list(self.ctx.pop(rid))))
 
-    def observe(self, rids, batch, accepted):
-        self.observed.append((list(rids), np.asarray(accepted).tolist()))
+    def observe(self, rids, batch, on_path):
+        accepted = np.bincount(tree_index(batch.offsets), weights=check_path_mask(batch, on_path)) - 1
+        self.observed.append((list(rids), accepted.astype(int).tolist()))
 
     def propose(self, rids, budget):
         self.budgets.append(budget)

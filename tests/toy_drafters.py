@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from sssd.batch import check_path_mask, tree_index
 
 
 @dataclass(frozen=True)
@@ -58,8 +59,11 @@ class ToyDrafter:
     def remove_request(self, rid):
         del self.ctx[rid]
 
-    def observe(self, rids, batch, accepted_counts):
-        self.observed.append((list(rids), [int(a) for a in accepted_counts]))
+    def observe(self, rids, batch, on_path):
+        """Logs (rids, accepted draft nodes per tree), read off the checked mask."""
+        on_path = check_path_mask(batch, on_path)
+        accepted = np.bincount(tree_index(batch.offsets), weights=on_path, minlength=len(rids)) - 1
+        self.observed.append((list(rids), [int(a) for a in accepted]))
 
     def propose(self, rids, budget=64, slo=None):
         self.budgets.append(budget)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import sssd
+from sssd.batch import on_path_mask
 from sssd.evaluation.pairs import load_pairs
 from sssd.evaluation.simulator import simulate
 
@@ -54,10 +55,10 @@ def time_propose(ds: sssd.Datastore, pairs, batch: int, budget: int, reps: int) 
         d.propose(rids, b)
     wall = (time.perf_counter() - w0) / reps / batch * 1e6
     cpu = (time.process_time() - c0) / reps / batch * 1e6
-    acc = np.zeros(batch, np.int64)
+    roots = on_path_mask(batch_out, paths=[[0]] * batch)  # nothing accepted
     w0 = time.perf_counter()
     for _ in range(reps):
-        d.observe(rids, batch_out, acc)
+        d.observe(rids, batch_out, roots)
     return wall, cpu, (time.perf_counter() - w0) / reps * 1e6
 
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from sssd.batch import on_path_mask
 from sssd.evaluation.simulator import accepted_lengths
 from sssd.policy.adaptive import AdmitView, BudgetPolicy, StepRecord, StepView, fifo
 from sssd.policy.cost_model import CostModel
@@ -136,7 +137,10 @@ def _step(
             np.asarray(batch.tokens), np.asarray(batch.parents), depth, offsets, targets
         )
         if hasattr(drafter, "observe"):
-            drafter.observe(rids, batch, acc)
+            accepted = [
+                live[r].output[live[r].pos : live[r].pos + a] for r, a in zip(rids, acc.tolist(), strict=True)
+            ]
+            drafter.observe(rids, batch, on_path_mask(batch, tokens=accepted))
     draft_budget = policy.config.budget if decision.drafted else 0
     c = truth.predict(b, n_ctx, decision.budget, drafted=decision.drafted, draft_budget=draft_budget)
     fwd, drf, ver = float(c.forward), float(c.draft), float(c.verify)

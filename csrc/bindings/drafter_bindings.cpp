@@ -127,38 +127,37 @@ py::dict propose(sssd::Drafter& dr, py::handle rids, py::handle budgets, py::han
   return out;
 }
 
-int64_t observe(sssd::Drafter& dr, py::handle rids, const py::dict& a, py::handle accepted) {
-  const int64_t* r = typed<int64_t>(rids, "rids");
-  const auto b = length(rids);
+// observe(batch, on_path): the batch's arrays (a dict of DraftBatch fields) and on_path, bool [N]: the
+// nodes of each tree's accepted path. Shapes and dtypes here; the trees and paths in core.
+int64_t observe(sssd::Drafter& dr, const py::dict& a, py::handle on_path) {
   auto field = [&](const char* key) {
     if (!a.contains(key)) throw py::value_error(std::string("the batch has no '") + key + "' array");
     return py::handle(a[key]);
   };
-  const int64_t* off = typed<int64_t>(field("offsets"), "offsets", b + 1);
+  const int64_t* off = typed<int64_t>(field("offsets"), "offsets");
+  const auto b = length(field("offsets")) - 1;
+  if (b < 0) throw py::value_error("offsets must hold B + 1 entries (0 first), got none");
   const int64_t n = off[b];
   if (n < 0) throw py::value_error("offsets must end at the number of nodes, got " + std::to_string(n));
-  const int32_t* tok = typed<int32_t>(field("tokens"), "tokens", n);
   const int32_t* par = typed<int32_t>(field("parents"), "parents", n);
   const int8_t* src = typed<int8_t>(field("source"), "source", n);
   const int32_t* dep = typed<int32_t>(field("depth"), "depth", n);
   const int32_t* ml = typed<int32_t>(field("match_len"), "match_len", n);
   const float* raw = typed<float>(field("raw_score"), "raw_score", n);
-  const int64_t* ctx = typed<int64_t>(field("context_len"), "context_len", b);
-  const int64_t* acc = typed<int64_t>(accepted, "accepted_counts", b);
+  // numpy bools are bytes; read as bytes, so no value of one is an invalid C++ bool
+  const auto* path = reinterpret_cast<const uint8_t*>(typed<bool>(on_path, "on_path", n));
   check_finite(raw, n, "raw_score");
   std::vector<sssd::TreeView> trees;
+  trees.reserve(static_cast<size_t>(b));
   for (py::ssize_t i = 0; i < b; ++i) {
     const int64_t s = off[i], e = off[i + 1];
     if (s < 0 || e <= s || e > n || e - s > INT32_MAX) {
       throw py::value_error("offsets must be increasing, each tree holding its root");
     }
-    for (int64_t v = s + 1; v < e; ++v) {
-      if (par[v] < 0 || par[v] >= v - s) throw py::value_error("parents must point to earlier nodes of the same tree");
-    }
-    trees.push_back({tok + s, par + s, src + s, dep + s, ml + s, raw + s, static_cast<int32_t>(e - s)});
+    trees.push_back({par + s, src + s, dep + s, ml + s, raw + s, path + s, static_cast<int32_t>(e - s)});
   }
   py::gil_scoped_release release;
-  return dr.observe(r, b, trees, ctx, acc);
+  return dr.observe(trees);
 }
 
 sssd::Calibration make_calibration(const std::vector<int32_t>& de, const std::vector<int32_t>& me, py::handle k,
@@ -181,9 +180,7 @@ void check_tree(const int32_t* par, py::ssize_t n, const std::string& what) {
   }
 }
 
-}  // namespace
-
-void bind_drafter(py::module_& m) {
+void bind_unknown_request(py::module_& m) {
   static py::exception<sssd::UnknownRequest> unknown(
       m, "UnknownRequestError", py::make_tuple(py::handle(PyExc_KeyError), py::handle(PyExc_ValueError)));
   py::register_exception_translator([](std::exception_ptr p) {
@@ -193,7 +190,25 @@ void bind_drafter(py::module_& m) {
       py::set_error(unknown, e.what());
     }
   });
+}
 
+py::array_t<float> calibration_apply(const sssd::Calibration& c, py::handle s, py::handle d, py::handle ml,
+                                     py::handle raw) {
+  const float* rp = typed<float>(raw, "raw");
+  const auto n = length(raw);
+  const int8_t* sp = typed<int8_t>(s, "source", n);
+  const int32_t* dp = typed<int32_t>(d, "depth", n);
+  const int32_t* mp = typed<int32_t>(ml, "match_len", n);
+  check_finite(rp, n, "raw");
+  py::array_t<float> out(n);
+  for (py::ssize_t i = 0; i < n; ++i) {
+    if (sp[i] < 0 || sp[i] >= sssd::kNumSources) throw py::value_error("source must be in [0, 5)");
+    out.mutable_data()[i] = c.apply(sp[i], dp[i], mp[i], rp[i]);
+  }
+  return out;
+}
+
+void bind_calibration(py::module_& m) {
   py::class_<sssd::Calibration>(m, "Calibration")
       .def(py::init(&make_calibration), py::arg("depth_edges"), py::arg("match_edges"), py::arg("num_knots"),
            py::arg("values") = py::none(), py::arg("weights") = py::none())
@@ -202,128 +217,140 @@ void bind_drafter(py::module_& m) {
       .def_property_readonly("num_knots", &sssd::Calibration::num_knots)
       .def_property_readonly("values", [](const sssd::Calibration& c) { return to_numpy(c.values()); })
       .def_property_readonly("weights", [](const sssd::Calibration& c) { return to_numpy(c.weights()); })
-      .def("apply", [](const sssd::Calibration& c, py::handle s, py::handle d, py::handle ml, py::handle raw) {
-        const float* rp = typed<float>(raw, "raw");
-        const auto n = length(raw);
-        const int8_t* sp = typed<int8_t>(s, "source", n);
-        const int32_t* dp = typed<int32_t>(d, "depth", n);
-        const int32_t* mp = typed<int32_t>(ml, "match_len", n);
-        check_finite(rp, n, "raw");
-        py::array_t<float> out(n);
-        for (py::ssize_t i = 0; i < n; ++i) {
-          if (sp[i] < 0 || sp[i] >= sssd::kNumSources) throw py::value_error("source must be in [0, 5)");
-          out.mutable_data()[i] = c.apply(sp[i], dp[i], mp[i], rp[i]);
-        }
-        return out;
-      });
+      .def("apply", &calibration_apply);
+}
 
+sssd::Drafter* make_drafter(const std::vector<std::shared_ptr<sssd::Datastore>>& shards, const py::dict& params) {
+  std::vector<sssd::DatastoreView> views;
+  std::vector<std::shared_ptr<const void>> owners;
+  for (const auto& s : shards) {
+    if (s == nullptr) throw py::type_error("shards must be Datastore objects, not None");
+    views.push_back(s->view());
+    owners.push_back(s);  // the drafter keeps the files mapped, whatever Python drops
+  }
+  return new sssd::Drafter(drafter_params(params), std::move(views), std::move(owners));
+}
+
+// The request methods: arguments checked with the GIL held, the work done without it.
+void add_request(sssd::Drafter& d, py::handle rid, py::handle t) {
+  const int64_t id = int_arg(rid, "rid");
+  const auto s = int32_span(t, "prompt_ids");
+  py::gil_scoped_release release;
+  d.add_request(id, s.data, s.size);
+}
+void extend(sssd::Drafter& d, py::handle rid, py::handle t) {
+  const int64_t id = int_arg(rid, "rid");
+  const auto s = int32_span(t, "new_ids");
+  py::gil_scoped_release release;
+  d.extend(id, s.data, s.size);
+}
+void remove_request(sssd::Drafter& d, py::handle rid, py::handle add_output_to_pool) {
+  const int64_t id = int_arg(rid, "rid");
+  const bool pool = bool_arg(add_output_to_pool, "add_output_to_pool");
+  py::gil_scoped_release release;
+  d.remove_request(id, pool);
+}
+void add_to_pool(sssd::Drafter& d, py::handle t) {
+  const auto s = int32_span(t, "tokens");
+  py::gil_scoped_release release;
+  d.add_to_pool(s.data, s.size);
+}
+bool has_request(sssd::Drafter& d, py::handle rid) {
+  const int64_t id = int_arg(rid, "rid");
+  py::gil_scoped_release release;
+  return d.has_request(id);
+}
+int64_t context_length(sssd::Drafter& d, py::handle rid) {
+  const int64_t id = int_arg(rid, "rid");
+  py::gil_scoped_release release;
+  return d.context_length(id);
+}
+
+void bind_drafter_class(py::module_& m) {
+  using release = py::call_guard<py::gil_scoped_release>;
   py::class_<sssd::Drafter>(m, "Drafter")
-      .def(py::init([](const std::vector<std::shared_ptr<sssd::Datastore>>& shards, const py::dict& params) {
-             std::vector<sssd::DatastoreView> views;
-             std::vector<std::shared_ptr<const void>> owners;
-             for (const auto& s : shards) {
-               if (s == nullptr) throw py::type_error("shards must be Datastore objects, not None");
-               views.push_back(s->view());
-               owners.push_back(s);  // the drafter keeps the files mapped, whatever Python drops
-             }
-             return new sssd::Drafter(drafter_params(params), std::move(views), std::move(owners));
-           }),
-           py::arg("shards"), py::arg("params"))
-      .def("add_request", [](sssd::Drafter& d, py::handle rid, py::handle t) {
-        const int64_t id = int_arg(rid, "rid");
-        const auto s = int32_span(t, "prompt_ids");
-        py::gil_scoped_release release;
-        d.add_request(id, s.data, s.size);
-      })
-      .def("extend", [](sssd::Drafter& d, py::handle rid, py::handle t) {
-        const int64_t id = int_arg(rid, "rid");
-        const auto s = int32_span(t, "new_ids");
-        py::gil_scoped_release release;
-        d.extend(id, s.data, s.size);
-      })
-      .def("remove_request", [](sssd::Drafter& d, py::handle rid, py::handle add_output_to_pool) {
-        const int64_t id = int_arg(rid, "rid");
-        const bool pool = bool_arg(add_output_to_pool, "add_output_to_pool");
-        py::gil_scoped_release release;
-        d.remove_request(id, pool);
-      }, py::arg("rid"), py::arg("add_output_to_pool"))
-      .def("add_to_pool", [](sssd::Drafter& d, py::handle t) {
-        const auto s = int32_span(t, "tokens");
-        py::gil_scoped_release release;
-        d.add_to_pool(s.data, s.size);
-      })
-      .def("has_request", [](sssd::Drafter& d, py::handle rid) {
-        const int64_t id = int_arg(rid, "rid");
-        py::gil_scoped_release release;
-        return d.has_request(id);
-      })
-      .def("num_requests", &sssd::Drafter::num_requests, py::call_guard<py::gil_scoped_release>())
-      .def("context_length", [](sssd::Drafter& d, py::handle rid) {
-        const int64_t id = int_arg(rid, "rid");
-        py::gil_scoped_release release;
-        return d.context_length(id);
-      })
-      .def("pool_tokens", &sssd::Drafter::pool_tokens, py::call_guard<py::gil_scoped_release>())
+      .def(py::init(&make_drafter), py::arg("shards"), py::arg("params"))
+      .def("add_request", &add_request)
+      .def("extend", &extend)
+      .def("remove_request", &remove_request, py::arg("rid"), py::arg("add_output_to_pool"))
+      .def("add_to_pool", &add_to_pool)
+      .def("has_request", &has_request)
+      .def("num_requests", &sssd::Drafter::num_requests, release())
+      .def("context_length", &context_length)
+      .def("pool_tokens", &sssd::Drafter::pool_tokens, release())
       .def("recycle", &drafter_recycle, py::arg("tokens"), py::arg("top_ids"), py::arg("top_probs"),
            py::arg("prev") = py::none())
-      .def("recycled_rows", &sssd::Drafter::recycled_rows, py::call_guard<py::gil_scoped_release>())
+      .def("recycled_rows", &sssd::Drafter::recycled_rows, release())
       .def("propose", &propose)
-      .def("observe", &observe)
-      .def("calibration", &sssd::Drafter::calibration, py::call_guard<py::gil_scoped_release>())
-      .def("set_calibration", &sssd::Drafter::set_calibration, py::call_guard<py::gil_scoped_release>());
+      .def("observe", &observe, py::arg("batch"), py::arg("on_path"))
+      .def("calibration", &sssd::Drafter::calibration, release())
+      .def("set_calibration", &sssd::Drafter::set_calibration, release());
+}
 
-  m.def("select_sequence", [](py::handle parents, py::handle f, py::handle depth, py::handle cap,
-                              py::handle max_depth, py::handle max_width) {
-    const int32_t* par = typed<int32_t>(parents, "parents");
-    const auto n = length(parents);
-    if (n > INT32_MAX) throw py::value_error("select_sequence: at most 2^31 - 1 nodes");
-    const double* fp = typed<double>(f, "f", n);  // NaN is allowed: it orders after every number
-    const int32_t* dep = typed<int32_t>(depth, "depth", n);
-    check_tree(par, n, "select_sequence");
-    for (py::ssize_t i = 0; i < n; ++i) {
-      if (dep[i] < 0) throw py::value_error("select_sequence: depth[" + std::to_string(i) + "] is negative");
-    }
-    const int32_t c = int32_arg(cap, "cap"), md = int32_arg(max_depth, "max_depth"), mw = int32_arg(max_width, "max_width");
-    std::vector<int32_t> seq;
-    sssd::select_sequence(par, fp, dep, static_cast<int32_t>(n), c, md, mw, seq);
-    return to_numpy(seq);
-  });
-  m.def("allocate_budget", [](py::handle seq_f_h, py::handle budget_h, py::handle tpot, py::handle step_time_h,
-                              py::handle slack_h) {
-    if (!PyList_Check(seq_f_h.ptr()) && !PyTuple_Check(seq_f_h.ptr())) {
-      throw py::type_error("seq_f must be a list of float64 arrays, got " + type_name(seq_f_h));
-    }
-    const py::list seq_f(py::reinterpret_borrow<py::object>(seq_f_h));  // holds the arrays for the call
-    const int64_t budget = int_arg(budget_h, "budget", 0);
-    const double step_time = real_arg(step_time_h, "step_time"), slack = real_arg(slack_h, "slack");
-    std::vector<const double*> fs;
-    std::vector<int32_t> lens;
-    for (size_t i = 0; i < seq_f.size(); ++i) {
-      const std::string what = "seq_f[" + std::to_string(i) + "]";
-      fs.push_back(typed<double>(seq_f[i], what));
-      if (length(seq_f[i]) > INT32_MAX) throw py::value_error(what + " is too long");
-      lens.push_back(static_cast<int32_t>(length(seq_f[i])));
-    }
-    // NaN or <= 0: no target for that tree.
-    const double* t = tpot.is_none() ? nullptr : typed<double>(tpot, "tpot", static_cast<py::ssize_t>(seq_f.size()));
-    std::vector<int32_t> order;
-    sssd::allocate_budget(fs, lens, budget, t, step_time, slack, order);
-    return to_numpy(order);
-  });
-  m.def("isotonic_fit", [](py::handle y, py::handle w) {
-    const double* yp = typed<double>(y, "y");
-    const auto n = length(y);
-    const double* wp = typed<double>(w, "w", n);
-    if (n > INT32_MAX) throw py::value_error("isotonic_fit: at most 2^31 - 1 values");
-    check_finite(yp, n, "y");
-    check_finite(wp, n, "w");
-    for (py::ssize_t i = 0; i < n; ++i) {
-      if (wp[i] < 0) throw py::value_error("isotonic_fit: weights must be >= 0");
-    }
-    py::array_t<double> out(n);
-    sssd::isotonic_fit(yp, wp, static_cast<int32_t>(n), out.mutable_data());
-    return out;
-  });
+py::array_t<int32_t> select_sequence_py(py::handle parents, py::handle f, py::handle depth, py::handle cap,
+                                        py::handle max_depth, py::handle max_width) {
+  const int32_t* par = typed<int32_t>(parents, "parents");
+  const auto n = length(parents);
+  if (n > INT32_MAX) throw py::value_error("select_sequence: at most 2^31 - 1 nodes");
+  const double* fp = typed<double>(f, "f", n);  // NaN is allowed: it orders after every number
+  const int32_t* dep = typed<int32_t>(depth, "depth", n);
+  check_tree(par, n, "select_sequence");
+  for (py::ssize_t i = 0; i < n; ++i) {
+    if (dep[i] < 0) throw py::value_error("select_sequence: depth[" + std::to_string(i) + "] is negative");
+  }
+  const int32_t c = int32_arg(cap, "cap"), md = int32_arg(max_depth, "max_depth"), mw = int32_arg(max_width, "max_width");
+  std::vector<int32_t> seq;
+  sssd::select_sequence(par, fp, dep, static_cast<int32_t>(n), c, md, mw, seq);
+  return to_numpy(seq);
+}
+
+py::array_t<int32_t> allocate_budget_py(py::handle seq_f_h, py::handle budget_h, py::handle tpot,
+                                        py::handle step_time_h, py::handle slack_h) {
+  if (!PyList_Check(seq_f_h.ptr()) && !PyTuple_Check(seq_f_h.ptr())) {
+    throw py::type_error("seq_f must be a list of float64 arrays, got " + type_name(seq_f_h));
+  }
+  const py::list seq_f(py::reinterpret_borrow<py::object>(seq_f_h));  // holds the arrays for the call
+  const int64_t budget = int_arg(budget_h, "budget", 0);
+  const double step_time = real_arg(step_time_h, "step_time"), slack = real_arg(slack_h, "slack");
+  std::vector<const double*> fs;
+  std::vector<int32_t> lens;
+  for (size_t i = 0; i < seq_f.size(); ++i) {
+    const std::string what = "seq_f[" + std::to_string(i) + "]";
+    fs.push_back(typed<double>(seq_f[i], what));
+    if (length(seq_f[i]) > INT32_MAX) throw py::value_error(what + " is too long");
+    lens.push_back(static_cast<int32_t>(length(seq_f[i])));
+  }
+  // NaN or <= 0: no target for that tree.
+  const double* t = tpot.is_none() ? nullptr : typed<double>(tpot, "tpot", static_cast<py::ssize_t>(seq_f.size()));
+  std::vector<int32_t> order;
+  sssd::allocate_budget(fs, lens, budget, t, step_time, slack, order);
+  return to_numpy(order);
+}
+
+py::array_t<double> isotonic_fit_py(py::handle y, py::handle w) {
+  const double* yp = typed<double>(y, "y");
+  const auto n = length(y);
+  const double* wp = typed<double>(w, "w", n);
+  if (n > INT32_MAX) throw py::value_error("isotonic_fit: at most 2^31 - 1 values");
+  check_finite(yp, n, "y");
+  check_finite(wp, n, "w");
+  for (py::ssize_t i = 0; i < n; ++i) {
+    if (wp[i] < 0) throw py::value_error("isotonic_fit: weights must be >= 0");
+  }
+  py::array_t<double> out(n);
+  sssd::isotonic_fit(yp, wp, static_cast<int32_t>(n), out.mutable_data());
+  return out;
+}
+
+}  // namespace
+
+void bind_drafter(py::module_& m) {
+  bind_unknown_request(m);
+  bind_calibration(m);
+  bind_drafter_class(m);
+  m.def("select_sequence", &select_sequence_py);
+  m.def("allocate_budget", &allocate_budget_py);
+  m.def("isotonic_fit", &isotonic_fit_py);
 }
 
 }  // namespace sssd_py

@@ -294,102 +294,133 @@ void select_sequence(const CandidateTree& t, int32_t cap, int32_t max_depth, int
   select_best_first(t.f.data(), t.depth.data(), t.size(), cap, max_depth, max_width, for_children, seq, scratch);
 }
 
-void allocate_budget(const std::vector<const double*>& seq_f, const std::vector<int32_t>& len, int64_t budget,
-                     const double* tpot, double step_time, double slack, std::vector<int32_t>& order) {
-  order.clear();
-  const auto b = static_cast<int32_t>(len.size());
-  std::vector<int32_t> taken(static_cast<size_t>(b), 0);
-  auto left = [&](int32_t i) { return taken[static_cast<size_t>(i)] < len[static_cast<size_t>(i)]; };
-  auto next_f = [&](int32_t i) { return seq_f[static_cast<size_t>(i)][taken[static_cast<size_t>(i)]]; };
-  using Item = std::pair<double, int32_t>;  // (key, -tree) so ties go to the lower tree index
-  if (tpot != nullptr) {
-    std::priority_queue<Item> need;
-    std::vector<double> expected(static_cast<size_t>(b), 1.0);
-    auto need_of = [&](int32_t i) { return (step_time + slack) / tpot[i] - expected[static_cast<size_t>(i)]; };
-    for (int32_t i = 0; i < b; ++i) {
-      if (tpot[i] > 0 && std::isfinite(tpot[i]) && left(i) && need_of(i) > 0) need.push({need_of(i), -i});
-    }
-    while (!need.empty() && static_cast<int64_t>(order.size()) < budget) {
-      const int32_t i = -need.top().second;
-      need.pop();
-      expected[static_cast<size_t>(i)] += next_f(i);
-      ++taken[static_cast<size_t>(i)];
-      order.push_back(i);
-      if (left(i) && need_of(i) > 0) need.push({need_of(i), -i});
-    }
+namespace {
+// The trees' selection sequences as allocate_budget consumes them: taken[i] nodes of tree i so far.
+struct Sequences {
+  const std::vector<const double*>& f;
+  const std::vector<int32_t>& len;
+  std::vector<int32_t> taken;
+  Sequences(const std::vector<const double*>& f_, const std::vector<int32_t>& len_)
+      : f(f_), len(len_), taken(len_.size(), 0) {}
+  int32_t size() const { return static_cast<int32_t>(len.size()); }
+  bool left(int32_t i) const { return taken[static_cast<size_t>(i)] < len[static_cast<size_t>(i)]; }
+  double next_f(int32_t i) const { return f[static_cast<size_t>(i)][taken[static_cast<size_t>(i)]]; }
+  void take(int32_t i, std::vector<int32_t>& order) {
+    ++taken[static_cast<size_t>(i)];
+    order.push_back(i);
   }
-  // Merge by f: take the best next node over the trees, again and again. Both ways below pick the
-  // first next node under `before` (larger f, ties to the lower tree), which is the same whatever
-  // structure computes it, as long as that order is total: a NaN f breaks it, so NaN takes the heap.
-  bool has_nan = false;
-  for (int32_t i = 0; i < b && !has_nan; ++i) {
-    for (int32_t k = taken[static_cast<size_t>(i)]; k < len[static_cast<size_t>(i)]; ++k) {
-      if (std::isnan(seq_f[static_cast<size_t>(i)][k])) has_nan = true;
-    }
-  }
-  int64_t nodes = 0;  // the most ranks there can be: a budget past it reserves nothing more
-  for (int32_t i = 0; i < b; ++i) nodes += std::max(len[static_cast<size_t>(i)], 0);
-  if (std::min(budget, nodes) > static_cast<int64_t>(order.size())) order.reserve(static_cast<size_t>(std::min(budget, nodes)));
-  if (!has_nan) {
-    // A tournament (loser) tree: leaf i holds tree i's next node as a merge_key, or 0 once the tree is
-    // exhausted (below every node); each internal node keeps the loser of the match played there, and
-    // the overall winner is kept apart. Taking the winner's node replays only the matches on its leaf's
-    // path to the root: log2(leaves) integer comparisons, no branches (the outcomes are unpredictable).
-    static thread_local std::vector<MergeKey> key;
-    static thread_local std::vector<int32_t> loser, win;
-    int32_t leaves = 1;
-    while (leaves < b) leaves *= 2;
-    key.assign(static_cast<size_t>(leaves), 0);
-    for (int32_t i = 0; i < b; ++i) {
-      if (left(i)) key[static_cast<size_t>(i)] = merge_key(next_f(i), i);
-    }
-    // Nodes 1 .. leaves - 1 are the matches (children 2n, 2n + 1), leaves + i is leaf i.
-    loser.assign(static_cast<size_t>(leaves), 0);
-    win.resize(2 * static_cast<size_t>(leaves));
-    for (int32_t i = 0; i < leaves; ++i) win[static_cast<size_t>(leaves + i)] = i;
-    for (int32_t n = leaves - 1; n >= 1; --n) {
-      const int32_t x = win[2 * static_cast<size_t>(n)], y = win[2 * static_cast<size_t>(n) + 1];
-      const bool y_wins = key[static_cast<size_t>(y)] > key[static_cast<size_t>(x)];
-      win[static_cast<size_t>(n)] = y_wins ? y : x;
-      loser[static_cast<size_t>(n)] = y_wins ? x : y;
-    }
-    MergeKey* k = key.data();
-    int32_t* ls = loser.data();
-    int32_t w = win[1];
-    while (static_cast<int64_t>(order.size()) < budget && k[w] != 0) {
-      ++taken[static_cast<size_t>(w)];
-      order.push_back(w);
-      MergeKey kw = left(w) ? merge_key(next_f(w), w) : 0;  // the current winner's key, in registers
-      k[w] = kw;
-      for (int32_t n = (w + leaves) / 2; n >= 1; n /= 2) {
-        const int32_t l = ls[n];
-        const MergeKey kl = k[l];  // loaded off the dependency chain of w
-        // Masks rather than `?:` keep the compiler from turning the store into a branch.
-        const int32_t m = -static_cast<int32_t>(kl > kw);  // all ones: l wins
-        const int32_t w_next = (l & m) | (w & ~m);
-        ls[n] = (w & m) | (l & ~m);
-        w = w_next;
-        kw = m != 0 ? kl : kw;
+  bool nan_left() const {  // a NaN f among the nodes not taken yet
+    for (int32_t i = 0; i < size(); ++i) {
+      for (int32_t k = taken[static_cast<size_t>(i)]; k < len[static_cast<size_t>(i)]; ++k) {
+        if (std::isnan(f[static_cast<size_t>(i)][k])) return true;
       }
     }
-    return;
+    return false;
   }
-  static thread_local std::vector<HeapItem> heap;  // a heap of each tree's next node
-  heap.clear();
+};
+
+// While some request with a target is short (need_i = (step_time + slack) / tpot[i] - (1 + sum of its
+// taken f) > 0), its next node goes to the request with the largest need.
+void allocate_targets(Sequences& s, int64_t budget, const double* tpot, double step_time, double slack,
+                      std::vector<int32_t>& order) {
+  using Item = std::pair<double, int32_t>;  // (key, -tree) so ties go to the lower tree index
+  std::priority_queue<Item> need;
+  std::vector<double> expected(static_cast<size_t>(s.size()), 1.0);
+  auto need_of = [&](int32_t i) { return (step_time + slack) / tpot[i] - expected[static_cast<size_t>(i)]; };
+  for (int32_t i = 0; i < s.size(); ++i) {
+    if (tpot[i] > 0 && std::isfinite(tpot[i]) && s.left(i) && need_of(i) > 0) need.push({need_of(i), -i});
+  }
+  while (!need.empty() && static_cast<int64_t>(order.size()) < budget) {
+    const int32_t i = -need.top().second;
+    need.pop();
+    expected[static_cast<size_t>(i)] += s.next_f(i);
+    s.take(i, order);
+    if (s.left(i) && need_of(i) > 0) need.push({need_of(i), -i});
+  }
+}
+
+// The merge by f without NaN: a tournament (loser) tree. Leaf i holds tree i's next node as a merge_key,
+// or 0 once the tree is exhausted (below every node); each internal node keeps the loser of the match
+// played there, and the overall winner is kept apart. Taking the winner's node replays only the matches
+// on its leaf's path to the root: log2(leaves) integer comparisons, no branches (the outcomes are
+// unpredictable).
+void merge_by_tournament(Sequences& s, int64_t budget, std::vector<int32_t>& order) {
+  static thread_local std::vector<MergeKey> key;
+  static thread_local std::vector<int32_t> loser, win;
+  const int32_t b = s.size();
+  int32_t leaves = 1;
+  while (leaves < b) leaves *= 2;
+  key.assign(static_cast<size_t>(leaves), 0);
   for (int32_t i = 0; i < b; ++i) {
-    if (left(i)) heap.push_back({next_f(i), i});
+    if (s.left(i)) key[static_cast<size_t>(i)] = merge_key(s.next_f(i), i);
+  }
+  // Nodes 1 .. leaves - 1 are the matches (children 2n, 2n + 1), leaves + i is leaf i.
+  loser.assign(static_cast<size_t>(leaves), 0);
+  win.resize(2 * static_cast<size_t>(leaves));
+  for (int32_t i = 0; i < leaves; ++i) win[static_cast<size_t>(leaves + i)] = i;
+  for (int32_t n = leaves - 1; n >= 1; --n) {
+    const int32_t x = win[2 * static_cast<size_t>(n)], y = win[2 * static_cast<size_t>(n) + 1];
+    const bool y_wins = key[static_cast<size_t>(y)] > key[static_cast<size_t>(x)];
+    win[static_cast<size_t>(n)] = y_wins ? y : x;
+    loser[static_cast<size_t>(n)] = y_wins ? x : y;
+  }
+  MergeKey* k = key.data();
+  int32_t* ls = loser.data();
+  int32_t w = win[1];
+  while (static_cast<int64_t>(order.size()) < budget && k[w] != 0) {
+    s.take(w, order);
+    MergeKey kw = s.left(w) ? merge_key(s.next_f(w), w) : 0;  // the current winner's key, in registers
+    k[w] = kw;
+    for (int32_t n = (w + leaves) / 2; n >= 1; n /= 2) {
+      const int32_t l = ls[n];
+      const MergeKey kl = k[l];  // loaded off the dependency chain of w
+      // Masks rather than `?:` keep the compiler from turning the store into a branch.
+      const int32_t m = -static_cast<int32_t>(kl > kw);  // all ones: l wins
+      const int32_t w_next = (l & m) | (w & ~m);
+      ls[n] = (w & m) | (l & ~m);
+      w = w_next;
+      kw = m != 0 ? kl : kw;
+    }
+  }
+}
+
+// The merge by f when a NaN breaks the total order of merge keys: a heap of each tree's next node.
+void merge_by_heap(Sequences& s, int64_t budget, std::vector<int32_t>& order) {
+  static thread_local std::vector<HeapItem> heap;
+  heap.clear();
+  for (int32_t i = 0; i < s.size(); ++i) {
+    if (s.left(i)) heap.push_back({s.next_f(i), i});
   }
   for (size_t k = heap.size() / 2; k-- > 0;) sift_down<PairOrder>(heap, k);
   while (!heap.empty() && static_cast<int64_t>(order.size()) < budget) {
     const int32_t i = heap[0].second;
-    ++taken[static_cast<size_t>(i)];
-    order.push_back(i);
-    if (left(i)) {
-      const HeapItem next{next_f(i), i};
+    s.take(i, order);
+    if (s.left(i)) {
+      const HeapItem next{s.next_f(i), i};
       heap_replace_top<PairOrder>(heap, &next);
     } else {
       heap_replace_top<PairOrder>(heap, nullptr);
     }
+  }
+}
+}  // namespace
+
+void allocate_budget(const std::vector<const double*>& seq_f, const std::vector<int32_t>& len, int64_t budget,
+                     const double* tpot, double step_time, double slack, std::vector<int32_t>& order) {
+  order.clear();
+  Sequences s(seq_f, len);
+  if (tpot != nullptr) allocate_targets(s, budget, tpot, step_time, slack, order);
+  // Merge by f: take the best next node over the trees, again and again. Both ways pick the first next
+  // node under `before` (larger f, ties to the lower tree), which is the same whatever structure
+  // computes it, as long as that order is total: a NaN f breaks it, so NaN takes the heap.
+  const bool has_nan = s.nan_left();
+  int64_t nodes = 0;  // the most ranks there can be: a budget past it reserves nothing more
+  for (int32_t i = 0; i < s.size(); ++i) nodes += std::max(len[static_cast<size_t>(i)], 0);
+  if (std::min(budget, nodes) > static_cast<int64_t>(order.size())) order.reserve(static_cast<size_t>(std::min(budget, nodes)));
+  if (has_nan) {
+    merge_by_heap(s, budget, order);
+  } else {
+    merge_by_tournament(s, budget, order);
   }
 }
 

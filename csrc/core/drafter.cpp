@@ -85,16 +85,7 @@ void Drafter::add_request(int64_t rid, const int32_t* tokens, int64_t n) {
 void Drafter::extend(int64_t rid, const int32_t* tokens, int64_t n) {
   check_tokens(tokens, n);
   std::lock_guard<std::mutex> lock(mutex_);
-  Request& r = get(rid);
-  append(r, tokens, n);
-  Pending& q = r.pending;
-  if (q.context_len >= 0 && static_cast<int64_t>(r.context(params_.use_input).size()) >= q.context_len + q.accepted) {
-    const TreeView t{q.tokens.data(), q.parents.data(), q.source.data(), q.depth.data(),
-                     q.match_len.data(), q.raw.data(), static_cast<int32_t>(q.tokens.size())};
-    record(r, t, q.context_len, q.accepted, false);
-    cal_.refit_dirty();
-    q.context_len = -1;
-  }
+  append(get(rid), tokens, n);
 }
 
 void Drafter::remove_request(int64_t rid, bool add_output_to_pool) {
@@ -223,16 +214,38 @@ void Drafter::draft_one(const Request& r, int32_t cap, Work& s, Draft& d) const 
   }
 }
 
-void Drafter::propose(const int64_t* rids, int64_t b, const int64_t* budgets, bool per_request, const double* tpot,
-                      double step_time, double slack, ProposeOutput& out) {
-  std::lock_guard<std::mutex> lock(mutex_);
+namespace {
+// The ranks each tree took, as flat buckets: tree i took ranks list[start[i] .. start[i + 1]),
+// increasing (a bucket sort of `order`, which holds the tree of each rank).
+struct RankBuckets {
+  std::vector<int32_t> start, list;
+  RankBuckets(const std::vector<int32_t>& order, int64_t b)
+      : start(static_cast<size_t>(b) + 1, 0), list(order.size()) {
+    for (int32_t t : order) ++start[static_cast<size_t>(t) + 1];
+    for (int64_t i = 0; i < b; ++i) start[static_cast<size_t>(i) + 1] += start[static_cast<size_t>(i)];
+    std::vector<int32_t> fill(start.begin(), start.end() - 1);
+    for (size_t r = 0; r < order.size(); ++r) {
+      list[static_cast<size_t>(fill[static_cast<size_t>(order[r])]++)] = static_cast<int32_t>(r);
+    }
+  }
+  size_t taken(int64_t i) const {
+    return static_cast<size_t>(start[static_cast<size_t>(i) + 1] - start[static_cast<size_t>(i)]);
+  }
+};
+}  // namespace
+
+std::vector<const Drafter::Request*> Drafter::batch_requests(const int64_t* rids, int64_t b) {
   std::vector<const Request*> reqs(static_cast<size_t>(b));
   std::unordered_set<int64_t> seen;
   for (int64_t i = 0; i < b; ++i) {
     if (!seen.insert(rids[i]).second) throw std::invalid_argument("request id " + std::to_string(rids[i]) + " appears twice in the batch");
     reqs[static_cast<size_t>(i)] = &get(rids[i]);
   }
-  if (params_.use_datastore) check_shards(shards_);  // truncated files: an error here, not SIGBUS later
+  return reqs;
+}
+
+void Drafter::draft_all(const std::vector<const Request*>& reqs, const int64_t* budgets, bool per_request) {
+  const auto b = static_cast<int64_t>(reqs.size());
   const int64_t global = per_request ? 0 : budgets[0];
   if (static_cast<int64_t>(drafts_.size()) < b) drafts_.resize(static_cast<size_t>(b));
   const int team = team_size(params_.threads);
@@ -246,6 +259,10 @@ void Drafter::propose(const int64_t* rids, int64_t b, const int64_t* budgets, bo
                   drafts_[static_cast<size_t>(i)]);
       },
       2, team);
+}
+
+void Drafter::allocate(int64_t b, int64_t global, bool per_request, const double* tpot, double step_time,
+                       double slack, std::vector<int32_t>& order) const {
   std::vector<const double*> seq_f(static_cast<size_t>(b));
   std::vector<int32_t> lens(static_cast<size_t>(b));
   int64_t total = 0;
@@ -254,28 +271,20 @@ void Drafter::propose(const int64_t* rids, int64_t b, const int64_t* budgets, bo
     lens[static_cast<size_t>(i)] = drafts_[static_cast<size_t>(i)].size() - 1;
     total += lens[static_cast<size_t>(i)];
   }
-  std::vector<int32_t> order;
   allocate_budget(seq_f, lens, per_request ? total : global, tpot, step_time, slack, order);
+}
 
-  // Nodes of tree i: the root, then the first taken[i] of its sequence (connected, parents first).
-  // rank_list[rank_start[i] ..] = the ranks tree i took, increasing (a flat bucket sort of `order`).
-  std::vector<int32_t> rank_start(static_cast<size_t>(b) + 1, 0), rank_list(order.size());
-  for (int32_t t : order) ++rank_start[static_cast<size_t>(t) + 1];
-  for (int64_t i = 0; i < b; ++i) rank_start[static_cast<size_t>(i) + 1] += rank_start[static_cast<size_t>(i)];
-  {
-    std::vector<int32_t> fill(rank_start.begin(), rank_start.end() - 1);
-    for (size_t r = 0; r < order.size(); ++r) {
-      rank_list[static_cast<size_t>(fill[static_cast<size_t>(order[r])]++)] = static_cast<int32_t>(r);
-    }
-  }
-  // Tree i is the root and the first `taken` nodes of its draft's sequence: a prefix of each of the
-  // draft's arrays, copied as a block into out's arrays at offsets[i].
+// Tree i is the root and the first `taken` nodes of its draft's sequence (connected, parents first): a
+// prefix of each of the draft's arrays, copied as a block into out's arrays at offsets[i].
+void Drafter::write_output(const std::vector<const Request*>& reqs, const std::vector<int32_t>& order,
+                           ProposeOutput& out) const {
+  const auto b = static_cast<int64_t>(reqs.size());
+  const RankBuckets ranks(order, b);
   out = ProposeOutput();
   out.offsets.resize(static_cast<size_t>(b) + 1);
   out.offsets[0] = 0;
   for (int64_t i = 0; i < b; ++i) {
-    out.offsets[static_cast<size_t>(i) + 1] = out.offsets[static_cast<size_t>(i)] + 1 +
-                                              rank_start[static_cast<size_t>(i) + 1] - rank_start[static_cast<size_t>(i)];
+    out.offsets[static_cast<size_t>(i) + 1] = out.offsets[static_cast<size_t>(i)] + 1 + static_cast<int64_t>(ranks.taken(i));
   }
   const auto n_total = static_cast<size_t>(out.offsets.back());
   for (auto* v : {&out.tokens, &out.parents, &out.depth, &out.match_len, &out.rank}) v->resize(n_total);
@@ -286,10 +295,9 @@ void Drafter::propose(const int64_t* rids, int64_t b, const int64_t* budgets, bo
   std::vector<double> f_of_rank(order.size());
   for (int64_t i = 0; i < b; ++i) {
     const Draft& d = drafts_[static_cast<size_t>(i)];
-    const int32_t* rk = rank_list.data() + rank_start[static_cast<size_t>(i)];
+    const int32_t* rk = ranks.list.data() + ranks.start[static_cast<size_t>(i)];
     const auto at = static_cast<size_t>(out.offsets[static_cast<size_t>(i)]);
-    const auto taken = static_cast<size_t>(rank_start[static_cast<size_t>(i) + 1] - rank_start[static_cast<size_t>(i)]);
-    const size_t m = taken + 1;
+    const size_t taken = ranks.taken(i), m = taken + 1;
     std::copy_n(d.tokens.data(), m, out.tokens.data() + at);
     std::copy_n(d.parent_pos.data(), m, out.parents.data() + at);
     std::copy_n(d.depth.data(), m, out.depth.data() + at);
@@ -310,76 +318,53 @@ void Drafter::propose(const int64_t* rids, int64_t b, const int64_t* budgets, bo
   out.gain.reserve(order.size() + 1);
   out.gain.assign(1, 0.0);
   for (double f : f_of_rank) out.gain.push_back(out.gain.back() + f);
-  ++stamp_;
+}
+
+void Drafter::propose(const int64_t* rids, int64_t b, const int64_t* budgets, bool per_request, const double* tpot,
+                      double step_time, double slack, ProposeOutput& out) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const std::vector<const Request*> reqs = batch_requests(rids, b);
+  if (params_.use_datastore) check_shards(shards_);  // truncated files: an error here, not SIGBUS later
+  draft_all(reqs, budgets, per_request);
+  std::vector<int32_t> order;
+  allocate(b, per_request ? 0 : budgets[0], per_request, tpot, step_time, slack, order);
+  write_output(reqs, order, out);
+  ++stamp_;  // the pool documents the trees used are the most recently used ones now
   for (int64_t i = 0; i < b; ++i) {
     for (int32_t d : drafts_[static_cast<size_t>(i)].docs_used) pool_.touch(d, stamp_);
   }
 }
 
-bool Drafter::record(const Request& r, const TreeView& t, int64_t context_len, int64_t accepted, bool strict) {
-  const std::vector<int32_t>& ctx = r.context(params_.use_input);
-  std::vector<uint8_t> on_path(static_cast<size_t>(t.size), 0);
-  on_path[0] = 1;
-  int32_t cur = 0;
-  for (int64_t j = 0; j < accepted; ++j) {
-    const int32_t want = ctx[static_cast<size_t>(context_len + j)];
-    int32_t next = -1;
-    for (int32_t v = cur + 1; v < t.size; ++v) {
-      if (t.parents[v] == cur && t.tokens[v] == want) {
-        next = v;
-        break;
-      }
-    }
-    if (next < 0) {
-      if (strict) throw std::invalid_argument("the accepted tokens do not follow a path of the proposed tree");
-      return false;
-    }
-    on_path[static_cast<size_t>(next)] = 1;
-    cur = next;
-  }
+void check_observed_tree(const TreeView& t, const std::string& what) {
+  if (t.size < 1 || t.parents[0] != -1) throw std::invalid_argument(what + ": node 0 must be the root (parent -1)");
+  if (!t.on_path[0]) throw std::invalid_argument(what + ": on_path must mark the root (the path starts there)");
+  // A node's parent comes first, so one pass sees every parent's mark and on-path child count before
+  // its children: the marks form one path from the root iff each marked node's parent is marked and
+  // no node has two marked children.
+  std::vector<uint8_t> marked_child(static_cast<size_t>(t.size), 0);
   for (int32_t v = 1; v < t.size; ++v) {
-    if (t.source[v] < 0 || t.source[v] >= kNumSources || !on_path[static_cast<size_t>(t.parents[v])]) continue;
-    cal_.observe(t.source[v], t.depth[v], t.match_len[v], t.raw[v], on_path[static_cast<size_t>(v)] ? 1.0f : 0.0f);
+    const int32_t p = t.parents[v];
+    if (p < 0 || p >= v) throw std::invalid_argument(what + ": parents must point to earlier nodes of the same tree");
+    if (!t.on_path[v]) continue;
+    if (!t.on_path[p]) throw std::invalid_argument(what + ": on_path marks a node whose parent it does not mark");
+    if (marked_child[static_cast<size_t>(p)]++) throw std::invalid_argument(what + ": on_path marks two children of one node");
   }
-  return true;
 }
 
-int64_t Drafter::observe(const int64_t* rids, int64_t b, const std::vector<TreeView>& trees, const int64_t* context_len,
-                         const int64_t* accepted) {
+void Drafter::record(const TreeView& t) {
+  for (int32_t v = 1; v < t.size; ++v) {
+    if (t.source[v] < 0 || t.source[v] >= kNumSources || !t.on_path[t.parents[v]]) continue;
+    cal_.observe(t.source[v], t.depth[v], t.match_len[v], t.raw[v], t.on_path[v] ? 1.0f : 0.0f);
+  }
+}
+
+int64_t Drafter::observe(const std::vector<TreeView>& trees) {
+  for (size_t i = 0; i < trees.size(); ++i) check_observed_tree(trees[i], "tree " + std::to_string(i));
   std::lock_guard<std::mutex> lock(mutex_);
-  for (int64_t i = 0; i < b; ++i) {
-    if (accepted[i] < 0 || accepted[i] >= trees[static_cast<size_t>(i)].size) {
-      throw std::invalid_argument("accepted_counts[" + std::to_string(i) + "] = " + std::to_string(accepted[i]) +
-                                  " is outside [0, " + std::to_string(trees[static_cast<size_t>(i)].size - 1) + "]");
-    }
-    // The bound keeps context_len + accepted far from overflow (contexts are much shorter anyway).
-    if (context_len[i] < 1 || context_len[i] > (int64_t{1} << 48)) {
-      throw std::invalid_argument("batch context_len must be in [1, 2^48]");
-    }
-  }
   if (!params_.online) return 0;
-  int64_t recorded = 0;
-  for (int64_t i = 0; i < b; ++i) {
-    auto it = requests_.find(rids[i]);
-    if (it == requests_.end()) continue;
-    Request& r = it->second;
-    const TreeView& t = trees[static_cast<size_t>(i)];
-    if (static_cast<int64_t>(r.context(params_.use_input).size()) >= context_len[i] + accepted[i]) {
-      recorded += record(r, t, context_len[i], accepted[i], true) ? 1 : 0;
-      continue;
-    }
-    Pending& q = r.pending;
-    q.tokens.assign(t.tokens, t.tokens + t.size);
-    q.parents.assign(t.parents, t.parents + t.size);
-    q.depth.assign(t.depth, t.depth + t.size);
-    q.match_len.assign(t.match_len, t.match_len + t.size);
-    q.source.assign(t.source, t.source + t.size);
-    q.raw.assign(t.raw, t.raw + t.size);
-    q.context_len = context_len[i];
-    q.accepted = accepted[i];
-  }
+  for (const TreeView& t : trees) record(t);
   cal_.refit_dirty();
-  return recorded;
+  return static_cast<int64_t>(trees.size());
 }
 
 }  // namespace sssd

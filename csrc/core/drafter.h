@@ -7,6 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <stdexcept>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -65,16 +66,22 @@ struct ProposeOutput {
   std::vector<double> gain;                                     // [M + 1]
 };
 
-// One proposed tree as observe() reads it back (views into the batch arrays).
+// One verified tree as observe() reads it (views into the batch arrays): the nodes the engine scored and
+// which of them lie on the accepted path (on_path: 0 or not; the root is on it, and the nodes on it form
+// one path from the root).
 struct TreeView {
-  const int32_t* tokens;
   const int32_t* parents;
   const int8_t* source;
   const int32_t* depth;
   const int32_t* match_len;
   const float* raw;
+  const uint8_t* on_path;
   int32_t size;
 };
+
+// Throws std::invalid_argument unless t's parents point to earlier nodes and on_path marks one path
+// from its root. `what` names the tree in the message.
+void check_observed_tree(const TreeView& t, const std::string& what);
 
 class Drafter {
  public:
@@ -103,27 +110,20 @@ class Drafter {
   void propose(const int64_t* rids, int64_t b, const int64_t* budgets, bool per_request, const double* tpot,
                double step_time, double slack, ProposeOutput& out);
 
-  // accepted[i] draft nodes of tree i were accepted. Trees whose request has been extended past the
-  // accepted path are recorded now, others when their request is next extended; trees of removed
-  // requests are ignored. Returns the number of trees recorded now.
-  int64_t observe(const int64_t* rids, int64_t b, const std::vector<TreeView>& trees, const int64_t* context_len,
-                  const int64_t* accepted);
+  // Calibration from verified trees: each node whose parent lies on the accepted path is a trial of
+  // its (source, depth, match length, raw score) group, accepted when the node lies on the path too.
+  // Every tree is checked first (nothing is recorded from a batch with a bad tree); the requests need
+  // not exist any more. Returns the number of trees recorded (0 when online calibration is off).
+  int64_t observe(const std::vector<TreeView>& trees);
 
   Calibration calibration();
   void set_calibration(const Calibration& c);
 
  private:
-  struct Pending {
-    std::vector<int32_t> tokens, parents, depth, match_len;
-    std::vector<int8_t> source;
-    std::vector<float> raw;
-    int64_t context_len = -1, accepted = 0;
-  };
   struct Request {
     NgramIndex index;
     std::vector<int32_t> plain;  // the context when the input source is off
     int64_t prompt_len = 0;
-    Pending pending;
     // The datastore search of the last propose (its ranges speed up the next one). Mutable: propose
     // (under the mutex) drafts each request on exactly one thread.
     mutable SearchCache ds_cache;
@@ -155,7 +155,15 @@ class Drafter {
   void check_tokens(const int32_t* tokens, int64_t n) const;
   void append(Request& r, const int32_t* tokens, int64_t n);
   void draft_one(const Request& r, int32_t cap, Work& w, Draft& d) const;
-  bool record(const Request& r, const TreeView& t, int64_t context_len, int64_t accepted, bool strict);
+  // The steps of propose: the batch's requests (each once), every tree drafted (in parallel), the
+  // batch-wide allocation of the budget (order[rank] = the tree of each rank), the flat output.
+  std::vector<const Request*> batch_requests(const int64_t* rids, int64_t b);
+  void draft_all(const std::vector<const Request*>& reqs, const int64_t* budgets, bool per_request);
+  void allocate(int64_t b, int64_t global, bool per_request, const double* tpot, double step_time, double slack,
+                std::vector<int32_t>& order) const;
+  void write_output(const std::vector<const Request*>& reqs, const std::vector<int32_t>& order,
+                    ProposeOutput& out) const;
+  void record(const TreeView& t);
   Request& get(int64_t rid);
 
   DrafterParams params_;

@@ -1,6 +1,6 @@
 // The core under bad input (group "robustness"): non-file paths, files damaged or truncated after they
 // were written, repetitive text in verify(), shard lists sharing a first shard, NaN scores and negative
-// or huge depths. Also run under ASan + UBSan (-DSSSD_SANITIZE=ON).
+// or huge depths, observed paths that are none. Also run under ASan + UBSan (-DSSSD_SANITIZE=ON).
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -18,6 +18,7 @@
 #include "check.h"
 #include "core/calibration.h"
 #include "core/draft_tree.h"
+#include "core/drafter.h"
 #include "core/search.h"
 #include "datastore_fixture.h"
 
@@ -188,4 +189,40 @@ TEST(robustness_nan_scores_and_bad_depths_stay_in_bounds) {
   const std::vector<const double*> fs{f.data() + 1};
   sssd::allocate_budget(fs, {3}, std::numeric_limits<int64_t>::max(), nullptr, 0.0, 0.0, order);
   CHECK_EQ(order.size(), size_t{3});
+}
+
+namespace {
+double weight_sum(sssd::Drafter& d) {
+  const sssd::Calibration c = d.calibration();  // weights() refers into it: keep it alive
+  double s = 0.0;
+  for (double w : c.weights()) s += w;
+  return s;
+}
+}  // namespace
+
+TEST(robustness_observe_takes_one_path_per_tree_or_nothing) {
+  sssd::Drafter d(sssd::DrafterParams{}, {});
+  // root -> 1 (-> 3), 2; every non-root node from the input source
+  const int32_t parents[] = {-1, 0, 0, 1}, bad_parents[] = {-1, 0, 3, 1};
+  const int8_t source[] = {-1, 0, 0, 0};
+  const int32_t depth[] = {0, 1, 1, 2}, match[] = {0, 2, 2, 2};
+  const float raw[] = {1.0f, 0.5f, 0.25f, 0.5f};
+  auto tree_of = [&](const int32_t* par, const uint8_t* on_path) {
+    return sssd::TreeView{par, source, depth, match, raw, on_path, 4};
+  };
+  auto tree = [&](const uint8_t* on_path) { return tree_of(parents, on_path); };
+  const uint8_t path[] = {1, 1, 0, 1}, root_only[] = {1, 0, 0, 0}, no_root[] = {0, 1, 0, 0};
+  const uint8_t orphan[] = {1, 0, 0, 1}, two_children[] = {1, 1, 1, 0};
+  const double before = weight_sum(d);
+  for (const uint8_t* bad : {no_root, orphan, two_children}) {
+    CHECK_THROWS(d.observe({tree(path), tree(bad)}), std::invalid_argument);  // nothing recorded
+  }
+  CHECK_THROWS(d.observe({tree_of(bad_parents, path)}), std::invalid_argument);
+  CHECK_EQ(weight_sum(d), before);
+  CHECK_EQ(d.observe({tree(path), tree(root_only)}), 2);
+  CHECK(std::fabs(weight_sum(d) - before - 5.0) < 1e-9);  // trials: 1, 2, 3 of the first tree; 1, 2 of the second
+  sssd::DrafterParams offline;
+  offline.online = false;
+  sssd::Drafter quiet(offline, {});
+  CHECK_EQ(quiet.observe({tree(path)}), 0);
 }

@@ -85,3 +85,151 @@ def renumbered(offsets: np.ndarray, parents: np.ndarray, keep: np.ndarray) -> tu
     parent_glob = np.where(parents >= 0, parents + starts, 0)
     new_parents = np.where(parents >= 0, new_index[parent_glob] - new_offsets[tree], -1)
     return new_offsets, new_parents[keep].astype(parents.dtype)
+
+
+def on_path_mask(
+    batch: Any,
+    *,
+    paths: Any = None,
+    tokens: Any = None,
+    lengths: Any = None,
+) -> np.ndarray:
+    """``[N]`` bool: the nodes of each tree's accepted path, roots included (what a drafter's ``observe``
+    takes), from the batch's ``offsets`` and ``parents`` and exactly one of:
+
+    - ``paths``: per tree, the node indices of its accepted path within the tree, root (0) first, as
+      verification returns them (the engine's ``paths``);
+    - ``tokens``: per tree, its accepted draft tokens in order (the bonus token excluded), for callers
+      that know only tokens: from the root, the path goes to the first child (lowest index) holding the
+      next token (the batch's ``tokens`` are read).
+
+    Either is a sequence of B integer sequences, or with ``lengths`` (``[B]``) one flat integer array
+    holding them one after the other. ValueError when a path does not start at its root or leaves its
+    tree, or a token has no child to go to; TypeError for non-integer entries. One vectorised pass over
+    the batch (token paths: one per depth)."""
+    if (paths is None) == (tokens is None):
+        raise ValueError("give exactly one of paths (node indices) and tokens")
+    offsets = np.asarray(batch.offsets, np.int64)
+    parents = np.asarray(batch.parents)
+    b = len(offsets) - 1
+    if np.any(np.diff(offsets) < 1) or (b >= 0 and offsets[-1] != len(parents)):
+        raise ValueError(
+            "the batch's offsets must be increasing and end at its node count (each tree holds its root)"
+        )
+    flat, counts = _ragged(
+        paths if tokens is None else tokens, lengths, b, "paths" if tokens is None else "tokens"
+    )
+    mask = np.zeros(len(parents), bool)
+    mask[offsets[:-1]] = True
+    if tokens is None:
+        _mark_node_paths(mask, offsets, parents, flat, counts)
+    else:
+        _mark_token_paths(mask, offsets, parents, np.asarray(batch.tokens), flat, counts)
+    return mask
+
+
+def _ragged(values: Any, lengths: Any, b: int, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(flat [sum], counts [B])`` int64 of B integer sequences, or of a flat array and its lengths."""
+    if lengths is None:
+        if isinstance(values, np.ndarray) and values.ndim != 1 and values.dtype != object:
+            seqs: Any = list(values)
+        else:
+            seqs = values
+        if len(seqs) != b:
+            raise ValueError(f"got {what} of {len(seqs)} trees for a batch of {b}")
+        parts = list(map(np.ravel, seqs))
+        counts = np.fromiter(map(len, parts), np.int64, count=b)
+        flat = np.concatenate([p for p in parts if p.size] or [np.zeros(0, np.int64)])
+    else:
+        counts = np.asarray(lengths)
+        flat = np.asarray(values).reshape(-1)
+        if counts.shape != (b,) or (counts.size and not np.issubdtype(counts.dtype, np.integer)):
+            raise ValueError(f"lengths must be {b} integers, one per tree")
+        if np.any(counts < 0) or counts.sum() != len(flat):
+            raise ValueError(f"lengths must be >= 0 and add up to the {len(flat)} entries of {what}")
+    if flat.size and not np.issubdtype(flat.dtype, np.integer):
+        raise TypeError(f"{what} must hold integers, got dtype {flat.dtype}")
+    return flat.astype(np.int64), counts.astype(np.int64)
+
+
+def _mark_node_paths(
+    mask: np.ndarray, offsets: np.ndarray, parents: np.ndarray, nodes: np.ndarray, counts: np.ndarray
+) -> None:
+    """Marks paths given as node indices (root first), checking each is a path from its tree's root."""
+    if np.any(counts < 1):
+        raise ValueError(f"path of tree {int(np.argmax(counts < 1))} is empty: it must start at the root (0)")
+    owner = np.repeat(np.arange(len(counts)), counts)
+    first = np.zeros(len(nodes), bool)
+    first[np.cumsum(counts)[:-1] if len(counts) else []] = True
+    first[:1] = True
+    size = np.diff(offsets)[owner]
+    bad = (nodes < 0) | (nodes >= size) | (first & (nodes != 0))
+    glob = np.where(bad, 0, nodes) + offsets[:-1][owner]
+    prev = np.concatenate([[0], nodes[:-1]])
+    bad |= ~first & (parents[glob].astype(np.int64) != prev)
+    if np.any(bad):
+        tree = int(owner[np.argmax(bad)])
+        raise ValueError(
+            f"path of tree {tree} is not a path from its root: node indices must start at 0 and go each "
+            "to a child of the one before, within the tree"
+        )
+    mask[glob] = True
+
+
+def _mark_token_paths(
+    mask: np.ndarray,
+    offsets: np.ndarray,
+    parents: np.ndarray,
+    node_tokens: np.ndarray,
+    tokens: np.ndarray,
+    counts: np.ndarray,
+) -> None:
+    """Marks paths given as accepted tokens: depth d goes, in every tree at once, from the node reached
+    at depth d - 1 to its first child holding the tree's d-th token."""
+    tree = tree_index(offsets)
+    glob_parent = np.where(parents >= 0, parents + offsets[:-1][tree], -1)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+    cur = offsets[:-1].copy()  # [B] the node each tree's path has reached
+    want = np.zeros(len(counts), np.int64)
+    for d in range(1, int(counts.max(initial=0)) + 1):
+        active = counts >= d
+        want[active] = tokens[starts[active] + d - 1]
+        hit = active[tree] & (glob_parent == cur[tree]) & (node_tokens == want[tree])
+        idx = np.flatnonzero(hit)
+        found, first = np.unique(tree[idx], return_index=True)  # nodes are in index order per tree
+        if len(found) != int(active.sum()):
+            missing = int(np.flatnonzero(active & ~np.isin(np.arange(len(counts)), found))[0])
+            raise ValueError(
+                f"the accepted tokens of tree {missing} do not follow a path of it: token {d} "
+                f"({int(want[missing])}) is no child of the node before"
+            )
+        cur[found] = idx[first]
+        mask[idx[first]] = True
+
+
+def check_path_mask(batch: Any, on_path: Any) -> np.ndarray:
+    """``on_path`` checked against the batch (``offsets``, ``parents``): a bool numpy array ``[N]``
+    marking one path from the root of each tree (every root marked, every marked node's parent marked,
+    at most one marked child per node). Returns it; TypeError for another type or dtype, ValueError for
+    a wrong length or a mask that is no such path."""
+    if not isinstance(on_path, np.ndarray) or on_path.dtype != np.bool_:
+        what = on_path.dtype if isinstance(on_path, np.ndarray) else type(on_path).__name__
+        raise TypeError(f"on_path must be a numpy bool array (sssd.batch.on_path_mask), got {what}")
+    offsets = np.asarray(batch.offsets, np.int64)
+    parents = np.asarray(batch.parents)
+    n = len(parents)
+    if on_path.shape != (n,):
+        raise ValueError(
+            f"on_path has shape {on_path.shape}, expected ({n},): one entry per node of the batch"
+        )
+    if not on_path[offsets[:-1]].all():
+        raise ValueError("on_path must mark the root of every tree (the path starts there)")
+    tree = tree_index(offsets)
+    nonroot = parents >= 0
+    glob_parent = np.where(nonroot, parents + offsets[:-1][tree], 0)
+    marked = on_path & nonroot
+    if np.any(~on_path[glob_parent[marked]]):
+        raise ValueError("on_path marks a node whose parent it does not mark: not a path from the root")
+    if len(np.unique(glob_parent[marked])) != int(marked.sum()):
+        raise ValueError("on_path marks two children of one node: not a single path")
+    return on_path

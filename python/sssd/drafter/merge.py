@@ -14,9 +14,8 @@ budget (global across the batch, or per request), as the retrieval drafter does.
 
 ``add_request`` / ``extend`` / ``remove_request`` go to every source; ``observe`` hands each source its
 batch cut to the nodes the merged trees it is given held (what was verified: nodes a source proposed that
-the merged selection or the engine dropped teach it nothing) and the number of its nodes that lay on the
-accepted path (the accepted tokens are read from the request's context, so call it after ``extend``, as
-the engine does).
+the merged selection or the engine dropped teach it nothing) and the on-path mask split the same way: a
+source's node is on the accepted path when the merged node it became is.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from sssd.batch import take_nodes
+from sssd.batch import check_path_mask, take_nodes, tree_index
 from sssd.checks import check_int, int_array
 from sssd.drafter.assemble import Candidates, ModelDraftBatch, build_batch, select
 from sssd.drafter.contexts import RequestContexts
@@ -229,57 +228,60 @@ class MergedDrafter(RequestContexts):
             )  # fmt: skip
         return cand
 
-    def observe(self, rids: Sequence[int], batch: Any, accepted_counts: Any) -> int:
-        """Per source: how many of its own nodes lay on the accepted path (after ``extend``)."""
+    def observe(self, rids: Sequence[int], batch: Any, on_path: np.ndarray) -> int:
+        """Per source: its batch cut to the nodes the merged trees held, and the mask split the same way
+        (a source node is on the path when the merged node it became is). Returns the trees observed."""
         ids = _request_ids(rids)
-        acc = int_array(np.reshape(accepted_counts, -1), "accepted_counts", lo=0)
-        if len(acc) != len(ids):
-            raise ValueError(f"got {len(acc)} accepted counts for {len(ids)} trees")
+        if len(np.asarray(batch.offsets)) - 1 != len(ids):
+            raise ValueError(f"got {len(np.asarray(batch.offsets)) - 1} trees for {len(ids)} rids")
+        on_path = check_path_mask(batch, on_path)
         last, self._last = self._last, None
         if last is None or not np.array_equal(last[0], ids):
             return 0
-        ctx_len = np.asarray(batch.context_len, np.int64)
-        live = [i for i, r in enumerate(ids.tolist()) if r in self._ctx]
-        accepted = {i: self._ctx[int(ids[i])][int(ctx_len[i]) : int(ctx_len[i]) + int(acc[i])] for i in live}
         for src, sb in zip(self.sources, last[1], strict=True):
             if not hasattr(src, "observe"):
                 continue
-            sb = take_nodes(sb, _within(sb, batch))  # its nodes the merged trees held (and so verified)
-            counts = np.zeros(len(ids), np.int64)
-            for i, path in accepted.items():
-                counts[i] = _matched(sb, i, path)
-            src.observe(ids, sb, counts)
-        return len(live)
+            merged_node = _within(sb, batch)  # its nodes the merged trees held (and so verified)
+            keep = merged_node >= 0
+            src.observe(ids, take_nodes(sb, keep), _split_path(sb, merged_node, on_path)[keep])
+        return len(ids)
 
 
 def _within(source: Any, merged: Any) -> np.ndarray:
-    """bool ``[N]`` over the nodes of a source's batch: the node's path of tokens is a path of the merged
-    tree (of the same request), so the node was part of what the merged drafter proposed and verified."""
+    """int64 ``[N]`` over the nodes of a source's batch: the merged node (index in the merged batch) with
+    the same path of tokens in the same request's tree, or -1 where the merged tree has none (the node
+    was not part of what the merged drafter proposed and verified)."""
     off, m_off = np.asarray(source.offsets, np.int64), np.asarray(merged.offsets, np.int64)
     toks, pars = np.asarray(source.tokens).tolist(), np.asarray(source.parents).tolist()
     m_toks, m_pars = np.asarray(merged.tokens).tolist(), np.asarray(merged.parents).tolist()
-    keep = np.zeros(len(toks), bool)
+    found = np.full(len(toks), -1, np.int64)
     for t in range(len(off) - 1):
         a, e, ma = int(off[t]), int(off[t + 1]), int(m_off[t])
         child = {(m_pars[v], m_toks[v]): v - ma for v in range(ma + 1, int(m_off[t + 1]))}
-        where = {0: 0}  # source node (within the tree) -> merged node
-        keep[a] = True
+        where = {0: 0}  # source node (within the tree) -> merged node (within the tree)
+        found[a] = ma
         for v in range(a + 1, e):
             m = where.get(pars[v])
             m = child.get((m, toks[v])) if m is not None else None
             if m is not None:
-                where[v - a], keep[v] = m, True
-    return keep
+                where[v - a], found[v] = m, ma + m
+    return found
 
 
-def _matched(batch: Any, tree: int, path: list[int]) -> int:
-    """How many tokens of ``path`` the tree ``tree`` of ``batch`` holds as a path from its root."""
-    a, e = int(batch.offsets[tree]), int(batch.offsets[tree + 1])
-    toks, pars = np.asarray(batch.tokens[a:e]), np.asarray(batch.parents[a:e])
-    node, n = 0, 0
-    for x in path:
-        kids = np.nonzero((pars == node) & (toks == x))[0]
-        if len(kids) == 0:
-            break
-        node, n = int(kids[0]), n + 1
-    return n
+def _split_path(source: Any, merged_node: np.ndarray, on_path: np.ndarray) -> np.ndarray:
+    """bool ``[N]`` over a source's nodes: on the path where their merged node is, going down from the
+    roots one depth per pass; of source siblings that became one merged node (the same token twice), the
+    first (the accepted tokens take the first child that holds them)."""
+    offsets = np.asarray(source.offsets, np.int64)
+    parents = np.asarray(source.parents, np.int64)
+    glob_parent = np.where(parents >= 0, parents + offsets[:-1][tree_index(offsets)], -1)
+    on_merged = (merged_node >= 0) & on_path[np.maximum(merged_node, 0)]
+    mark = np.zeros(len(merged_node), bool)
+    mark[offsets[:-1]] = True
+    while True:
+        step = np.flatnonzero(on_merged & ~mark & (glob_parent >= 0) & mark[np.maximum(glob_parent, 0)])
+        if not len(step):
+            return mark
+        _, first = np.unique(merged_node[step], return_index=True)
+        mark[step[first]] = True
+        on_merged[step] = False  # a merged node is reached once

@@ -45,6 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from sssd.batch import check_path_mask
 from sssd.checks import check_bool, check_int, check_real, int_array
 from sssd.drafter.assemble import Candidates, ModelDraftBatch, build_batch, select
 from sssd.drafter.calibration import SOURCES
@@ -221,23 +222,17 @@ class ModelDrafter(RequestContexts):
         self._slots.pop()
         del self._ctx[rid]
 
-    def observe(self, rids: Sequence[int], batch: Any, accepted_counts: Any) -> int:
-        """Feed back verification (``accepted_counts[i]`` draft nodes of tree i were accepted) into the
-        score table. The accepted tokens are read from the context: call it after ``extend``. Trees of
-        removed requests are skipped. Returns the number of trees recorded."""
+    def observe(self, rids: Sequence[int], batch: Any, on_path: np.ndarray) -> int:
+        """Feed back verification into the score table: ``on_path`` (bool ``[N]``, see
+        ``sssd.batch.on_path_mask``) marks each tree's accepted path, root included. Independent of
+        ``extend``. Returns the number of trees recorded."""
         ids = _request_ids(rids)
-        acc = int_array(np.reshape(accepted_counts, -1), "accepted_counts", lo=0)
-        if len(acc) != len(ids) or len(np.asarray(batch.request_ids)) != len(ids):
-            raise ValueError(
-                f"got {len(acc)} accepted counts and {len(batch.request_ids)} trees for {len(ids)} rids"
-            )
-        paths: list[list[int] | None] = []
-        for r, a, c in zip(ids.tolist(), acc.tolist(), np.asarray(batch.context_len).tolist(), strict=True):
-            ctx = self._ctx.get(r)
-            paths.append(ctx[c : c + a] if ctx is not None and len(ctx) >= c + a else None)
-        self.observed_trees += len(acc)
-        self.observed_accepted += int(acc.sum())
-        return record_batch(self.scores, batch, paths)
+        if len(np.asarray(batch.request_ids)) != len(ids):
+            raise ValueError(f"got {len(batch.request_ids)} trees for {len(ids)} rids")
+        on_path = check_path_mask(batch, on_path)
+        self.observed_trees += len(ids)
+        self.observed_accepted += int(on_path.sum()) - len(ids)
+        return record_batch(self.scores, batch, on_path)
 
     # ---- drafting ----
     def propose(

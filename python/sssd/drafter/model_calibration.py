@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from sssd.batch import tree_index
+
 Q_EDGES = np.array([0.01, 0.03, 0.1, 0.2, 0.35, 0.5, 0.7, 0.9])  # 9 bins of q
 MAX_RANK = 4  # sibling ranks 0, 1, 2, 3 and "4 or later"
 
@@ -45,46 +47,35 @@ class ScoreTable:
 
 
 def sibling_rank(parents: np.ndarray) -> np.ndarray:
-    """Position of each node among its parent's children, in node order (roots: 0)."""
-    rank = np.zeros(len(parents), np.int64)
-    seen: dict[int, int] = {}
-    for v in range(len(parents)):
-        p = int(parents[v])
-        if p >= 0:
-            rank[v] = seen.get(p, 0)
-            seen[p] = rank[v] + 1
+    """Position of each node among its parent's children, in node order (roots: 0). ``parents`` may be
+    a batch's parents made global (each tree's offset added), so that the ranks of every tree come at
+    once."""
+    parents = np.asarray(parents, np.int64)
+    n = len(parents)
+    order = np.argsort(parents, kind="stable")  # grouped by parent, in node order within a group
+    grouped = parents[order]
+    first = np.ones(n, bool)
+    first[1:] = grouped[1:] != grouped[:-1]
+    start = np.maximum.accumulate(np.where(first, np.arange(n), 0))
+    rank = np.zeros(n, np.int64)
+    rank[order] = np.arange(n) - start
+    rank[parents < 0] = 0
     return rank
 
 
-def reached_nodes(
-    tokens: np.ndarray, parents: np.ndarray, path_tokens: list[int]
-) -> tuple[np.ndarray, np.ndarray]:
-    """Nodes of one tree (root = node 0) whose parent was accepted, and whether each was accepted, given
-    the accepted tokens ``path_tokens`` (in order from the root)."""
-    node, on_path = 0, {0}
-    for x in path_tokens:
-        kids = np.nonzero((parents == node) & (tokens == x))[0]
-        if len(kids) == 0:
-            break
-        node = int(kids[0])
-        on_path.add(node)
-    reached = np.nonzero(np.isin(parents, list(on_path)))[0]
-    return reached, np.isin(reached, list(on_path))
-
-
-def record_batch(table: ScoreTable, batch: Any, accepted_tokens: list[list[int] | None]) -> int:
-    """Record every tree of ``batch`` whose accepted tokens are known; returns the trees recorded."""
-    n = 0
-    table.reached *= table.decay ** len(accepted_tokens)
-    table.accepted *= table.decay ** len(accepted_tokens)
-    for i, path in enumerate(accepted_tokens):
-        if path is None:
-            continue
-        a, e = int(batch.offsets[i]), int(batch.offsets[i + 1])
-        tokens, parents = np.asarray(batch.tokens[a:e]), np.asarray(batch.parents[a:e])
-        reached, acc = reached_nodes(tokens, parents, path)
-        if len(reached):
-            rank = sibling_rank(parents)[reached]
-            table.record(np.asarray(batch.raw_score[a:e], np.float64)[reached], rank, acc)
-        n += 1
-    return n
+def record_batch(table: ScoreTable, batch: Any, on_path: np.ndarray) -> int:
+    """Record every tree of ``batch`` (``offsets``, ``parents``, ``raw_score``): each node whose parent is
+    on the accepted path (``on_path``, bool ``[N]``) was reached, and accepted when on the path itself.
+    Returns the trees recorded."""
+    offsets = np.asarray(batch.offsets, np.int64)
+    parents = np.asarray(batch.parents, np.int64)
+    b = len(offsets) - 1
+    table.reached *= table.decay**b
+    table.accepted *= table.decay**b
+    tree = tree_index(offsets)
+    glob_parent = np.where(parents >= 0, parents + offsets[:-1][tree], -1)
+    reached = np.flatnonzero((parents >= 0) & on_path[np.maximum(glob_parent, 0)])
+    if len(reached):
+        rank = sibling_rank(glob_parent)[reached]
+        table.record(np.asarray(batch.raw_score, np.float64)[reached], rank, on_path[reached])
+    return b

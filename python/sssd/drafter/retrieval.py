@@ -6,7 +6,7 @@ Usage (the shared contract between drafter, engine and scheduler)::
     drafter.add_request(rid, prompt_ids)            # int32 1-D array (lists are converted)
     drafter.extend(rid, new_ids)                    # accepted + bonus tokens of the last step
     batch = drafter.propose(rids, budget=64)        # global int budget or one budget per request
-    drafter.observe(rids, batch, accepted_counts)   # online calibration
+    drafter.observe(rids, batch, on_path)           # online calibration (on_path: sssd.batch.on_path_mask)
     drafter.remove_request(rid)                     # its output joins the recent-outputs pool
 
 All work happens in one native call per method (the GIL is released; requests run in parallel).
@@ -384,36 +384,31 @@ class Drafter:
             raise ValueError("SLO targets (seconds per token) must be > 0 and finite (None for no target)")
         return arr
 
-    def observe(self, rids: Sequence[int], batch: DraftBatch, accepted_counts: Any) -> int:
-        """Feed back verification: accepted_counts[i] draft nodes (bonus excluded) of tree i were accepted.
+    def observe(self, rids: Sequence[int], batch: DraftBatch, on_path: np.ndarray) -> int:
+        """Feed back verification: ``on_path`` (bool ``[N]`` over the batch's nodes) marks each tree's
+        accepted path, root included (``sssd.batch.on_path_mask`` builds it from node indices or tokens).
 
-        ``batch``: the proposed batch or a part of it (``take``): each node in it whose parent was
-        accepted counts as a trial, so the engine passes back only the nodes it verified.
-
-        The accepted tokens are read from the request's context, so call it after ``extend`` (trees
-        observed earlier are recorded at the next ``extend``). Trees of removed requests are ignored.
-        Returns the number of trees recorded now.
+        ``batch``: the proposed batch or a part of it (``take``): each node in it whose parent is on the
+        path counts as a trial, accepted when it is on the path itself, so the engine passes back only
+        the nodes it verified. Independent of ``extend`` (call it before or after); trees of requests
+        removed since are recorded too. Returns the number of trees recorded (0 with online calibration
+        off). TypeError for a mask that is not a numpy bool array, ValueError for a wrong length or a
+        mask that is not one path from each root.
         """
         ids = _request_ids(rids)
         if ids.shape != batch.request_ids.shape or np.any(ids != batch.request_ids):
             raise ValueError("rids must be the request ids the batch was proposed for, in order")
-        acc = int_array(np.reshape(accepted_counts, -1), "accepted_counts", lo=0)
-        if acc.shape[0] != ids.shape[0]:
-            raise ValueError(f"got {acc.shape[0]} accepted counts for {ids.shape[0]} trees")
-        arrays = {
-            k: getattr(batch, k)
-            for k in (
-                "offsets",
-                "tokens",
-                "parents",
-                "source",
-                "depth",
-                "match_len",
-                "raw_score",
-                "context_len",
+        if not isinstance(on_path, np.ndarray) or on_path.dtype != np.bool_:
+            what = on_path.dtype if isinstance(on_path, np.ndarray) else type(on_path).__name__
+            raise TypeError(f"on_path must be a numpy bool array (sssd.batch.on_path_mask), got {what}")
+        if on_path.shape != (batch.num_nodes,):
+            raise ValueError(
+                f"on_path has shape {on_path.shape}, expected ({batch.num_nodes},): one per node"
             )
+        arrays = {
+            k: getattr(batch, k) for k in ("offsets", "parents", "source", "depth", "match_len", "raw_score")
         }
-        return int(self._native.observe(ids, arrays, np.ascontiguousarray(acc)))
+        return int(self._native.observe(arrays, np.ascontiguousarray(on_path)))
 
     @property
     def calibration(self) -> CalibrationTable:

@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from sssd.batch import take_nodes, tree_sums
+from sssd.batch import take_nodes
 from sssd.datastore.compat import check_for_model, drafter_datastores
 from sssd.engine.adapter import ATTENTION_BACKENDS, ModelAdapter
 from sssd.engine.detokenize import DecodeError
@@ -331,12 +331,11 @@ class Engine(RequestsMixin, RunsMixin):
                 StreamEvent(req.rid, new, req.peek_text(), req.finish_reason is not None, req.finish_reason)
             )
         if drafts.batch is not None:  # online calibration of the drafter
-            # the accepted paths over the observed batch (bool [M]), and the accepted nodes per tree
+            # the accepted paths by node over the observed batch (bool [M]): the drafter re-matches no tokens
             seen = drafts.observed >= 0
             on_path = np.zeros(len(seen), bool)
             on_path[seen] = accepted.on_path(drafts.trees.num_nodes)[drafts.observed[seen]]
-            counts = np.rint(tree_sums(on_path.astype(np.float64), drafts.batch.offsets)).astype(np.int64)
-            self._guard.observe([reqs[i].rid for i in drafts.drafting], drafts.batch, (counts - 1).tolist())
+            self._guard.observe([reqs[i].rid for i in drafts.drafting], drafts.batch, on_path)
         return events
 
     def _compile_time(self) -> float:

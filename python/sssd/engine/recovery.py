@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+
 log = logging.getLogger("sssd.engine")
 
 MAX_BACKOFF_STEPS = 1024
@@ -130,11 +131,13 @@ class DrafterGuard:
         except Exception as e:  # a lost update of a cache: nothing to rebuild
             self.failed("recycle", e)
 
-    def observe(self, rids: list[int], batch: Any, accepted: list[int]) -> None:
+    def observe(self, rids: list[int], batch: Any, on_path: np.ndarray) -> None:
+        """The drafter's ``observe``: ``on_path`` (bool per node of ``batch``) marks each tree's accepted
+        path from its root (``sssd.batch.on_path_mask`` builds one from paths or tokens)."""
         if not hasattr(self.drafter, "observe"):
             return
         try:
-            self.drafter.observe(rids, batch, np.asarray(accepted, dtype=np.int64))
+            self.drafter.observe(rids, batch, on_path)
         except Exception as e:  # online calibration only: nothing to rebuild
             self.failed("observe", e)
 

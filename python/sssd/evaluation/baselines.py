@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from sssd.batch import tree_index
+from sssd.batch import check_path_mask, tree_index
 from sssd.drafter.retrieval import DraftBatch, UnknownRequestError
 
 
@@ -184,10 +184,14 @@ class PromptLookupDrafter:
             request_ids=np.asarray(rids, dtype=np.int64),
         )
 
-    def observe(self, rids: Sequence[int], batch: Any, accepted_counts: Any) -> None:
-        """No-op (nothing to calibrate); checks the arguments like the real drafter."""
-        if len(accepted_counts) != len(rids):
-            raise ValueError(f"accepted_counts has {len(accepted_counts)} entries for {len(rids)} requests")
+    def observe(self, rids: Sequence[int], batch: Any, on_path: np.ndarray) -> None:
+        """No-op (nothing to calibrate); checks the arguments like the real drafter (``on_path``: bool
+        ``[N]``, each tree's accepted path, see ``sssd.batch.on_path_mask``)."""
+        if len(np.asarray(batch.offsets)) - 1 != len(rids):
+            raise ValueError(
+                f"the batch has {len(np.asarray(batch.offsets)) - 1} trees for {len(rids)} requests"
+            )
+        check_path_mask(batch, on_path)
 
 
 def _level_split(lengths: np.ndarray, total: int) -> np.ndarray:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from sssd.batch import tree_index
+from sssd.batch import on_path_mask, tree_index
 from sssd.evaluation.pairs import Pair
 
 ALLOCATIONS = ("per-request", "global")
@@ -139,6 +139,13 @@ class _Replay:
         out = np.full(depth.shape[0], -1, dtype=np.int64)
         out[ok] = self.flat[self.out_start[p[ok]] + at[ok]]
         return out, tree
+
+    def accepted_tokens(self, pair_idx: np.ndarray, pos: np.ndarray, accepted: np.ndarray) -> np.ndarray:
+        """The accepted draft tokens of every request one after the other (``accepted[i]`` of request i,
+        at output position ``pos[i]``): ``[sum(accepted)]`` int64."""
+        accepted = np.asarray(accepted, np.int64)
+        first = np.repeat(self.out_start[pair_idx] + pos - np.cumsum(accepted) + accepted, accepted)
+        return self.flat[first + np.arange(int(accepted.sum()))] if accepted.sum() else np.zeros(0, np.int64)
 
     def verify(self, batch: Any, pair_idx: np.ndarray, pos: np.ndarray) -> _StepOutcome:
         """Greedy verification of one batch of trees; request i is at output position pos[i]."""
@@ -303,8 +310,9 @@ def simulate(
             pos[r] += a
             if pos[r] >= p.output_ids.size:
                 finished.append(r)
-        if observe:  # after extend (the drafter reads the accepted tokens from the context)
-            drafter.observe(rids, batch, out.accepted)
+        if observe:
+            accepted = replay.accepted_tokens(np.asarray(rids, dtype=np.int64), ipos, out.accepted)
+            drafter.observe(rids, batch, on_path_mask(batch, tokens=accepted, lengths=out.accepted))
         if recycled is not None:
             t0 = time.perf_counter()
             drafter.recycle(*recycled.step_rows(np.asarray(rids, dtype=np.int64), ipos, out.advance))

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from sssd.batch import on_path_mask, take_nodes, tree_index
 from sssd.checks import check_fields
 from sssd.datastore import Datastore
 from sssd.drafter import Drafter, DrafterConfig
@@ -144,11 +145,11 @@ class ChainProposer:
         rows = len(sampled)
         out: list[list[int]] = [[] for _ in range(rows)]
         try:
-            pending = self._feedback(sampled, num_tokens, t0)
+            last = self._feedback(t0)
             active = [len(s) > 0 and int(num_tokens[i]) < self.max_len - 1 for i, s in enumerate(sampled)]
             upd = self.rows.update(token_ids, num_tokens, active)
-            if pending is not None:  # after update: the drafter reads accepted tokens from the context
-                self.drafter.observe(*pending)
+            if last is not None:
+                self.drafter.observe(*self._accepted(last, sampled, upd.rids))
             idx = [i for i in range(rows) if upd.rids[i] is not None]
             n_ctx = int(np.sum(num_tokens[:rows])) if rows else 0
             if idx:
@@ -181,11 +182,10 @@ class ChainProposer:
         f_sum = [float(chains.f[j][: lengths[j]].sum()) for j in range(len(idx))]
         self.proposed += int(lengths.sum())
         self._last = {"rows": rows, "n": int(lengths.sum()), "ctx": n_ctx, "batch": batch, "rids": rids,
-                      "idx": idx, "lengths": lengths, "f": f_sum}  # fmt: skip
+                      "lengths": lengths, "f": f_sum}  # fmt: skip
 
-    def _feedback(self, sampled: list, num_tokens: np.ndarray, now: float) -> tuple | None:
-        """Accepted counts of the previous proposal (read off this step's sampled tokens) and the step's
-        measured time for the cost model. Returns the drafter's ``observe`` arguments (or None)."""
+    def _feedback(self, now: float) -> dict | None:
+        """The step's measured time to the cost model; returns the previous proposal when it drafted."""
         last, self._last = self._last, None
         if last is None or "end" not in last:
             return None
@@ -194,17 +194,29 @@ class ChainProposer:
             rows, last["ctx"], rows + last["n"], last["n"], forward_s=max(now - last["end"], 0.0),
             draft_s=last["draft_s"],
         ))  # fmt: skip
-        if "batch" not in last:
-            return None
-        accepted = []
-        for j, i in enumerate(last["idx"]):
-            got = len(sampled[i]) - 1 if i < len(sampled) and len(sampled[i]) else 0
-            accepted.append(int(min(max(got, 0), last["lengths"][j])))
+        return last if "batch" in last else None
+
+    def _accepted(self, last: dict, sampled: list, row_rids: list) -> tuple:
+        """What the previous proposal's chains got accepted, read off this step's sampled tokens of the
+        row each request is in now (rows move when others finish), into the acceptance correction.
+        Returns the drafter's ``observe`` arguments: trees of requests in no active row are cut to
+        their roots (nothing is known of them), the others' accepted chain prefixes as the mask."""
+        row_of = {rid: i for i, rid in enumerate(row_rids) if rid is not None}
+        rows = [row_of.get(rid) for rid in last["rids"]]
+        accepted = [
+            int(min(max(len(sampled[i]) - 1, 0), n)) if i is not None else 0
+            for i, n in zip(rows, last["lengths"].tolist(), strict=True)
+        ]
         self.accepted += sum(accepted)
         decay = 1.0 - 1.0 / 64.0
         self._pred = self._pred * decay + sum(last["f"])
         self._seen = self._seen * decay + sum(accepted)
-        return last["rids"], last["batch"], accepted  # requests that left meanwhile are ignored
+        batch = last["batch"]
+        known = np.asarray([i is not None for i in rows], bool)
+        if not known.all():
+            batch = take_nodes(batch, known[tree_index(batch.offsets)] | (batch.parents < 0))
+        tokens = [sampled[i][:a] if a else [] for i, a in zip(rows, accepted, strict=True)]
+        return last["rids"], batch, on_path_mask(batch, tokens=tokens)
 
     def _fault(self, e: Exception) -> None:
         self.errors += 1

@@ -59,7 +59,7 @@ class SyntheticDrafter:
     def remove_request(self, rid: int) -> None:
         self._last.pop(rid, None)
 
-    def observe(self, rids, batch, accepted_counts) -> None:
+    def observe(self, rids, batch, on_path) -> None:
         pass
 
     def propose(self, rids: Sequence[int], budget=0, slo=None):
