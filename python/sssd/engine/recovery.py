@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 
-
 log = logging.getLogger("sssd.engine")
 
 MAX_BACKOFF_STEPS = 1024
