@@ -1,6 +1,6 @@
 """bench/engine/replay.py: engine runs that write a reference text (budgets compared on equal texts where
 bfloat16 outputs would drift apart). The engine, the drafter and the policy run as usual; only the accepted
-path and the bonus token follow the reference."""
+path and the next token follow the reference."""
 
 from __future__ import annotations
 
@@ -21,16 +21,16 @@ from replay import Replay
 torch.set_num_threads(1)
 
 
-def test_follow_walks_the_tree_along_the_reference_and_takes_its_next_token_as_bonus():
+def test_follow_walks_the_tree_along_the_reference_and_takes_its_next_token():
     # root -> 5 -> 7 -> 9, root -> 6; reference from position 2: 5, 7, 8, ...
     tree = Tree(np.array([1, 5, 6, 7, 9]), np.array([-1, 0, 0, 1, 3]), np.array([0, 1, 1, 2, 3]))
     ref = [3, 4, 5, 7, 8, 2]
-    path, bonus = Replay.follow(tree, ref, 2)
-    assert path.tolist() == [0, 1, 3] and bonus == 8
-    path, bonus = Replay.follow(tree, ref, 0)  # the root's children do not carry 3
-    assert path.tolist() == [0] and bonus == 3
-    path, bonus = Replay.follow(tree, [5, 7, 9], 0)  # the whole reference accepted: its end repeats
-    assert path.tolist() == [0, 1, 3, 4] and bonus == 9
+    path, nxt = Replay.follow(tree, ref, 2)
+    assert path.tolist() == [0, 1, 3] and nxt == 8
+    path, nxt = Replay.follow(tree, ref, 0)  # the root's children do not carry 3
+    assert path.tolist() == [0] and nxt == 3
+    path, nxt = Replay.follow(tree, [5, 7, 9], 0)  # the whole reference accepted: its end repeats
+    assert path.tolist() == [0, 1, 3, 4] and nxt == 9
 
 
 def test_every_budget_writes_the_reference_and_the_steps_where_the_model_disagreed_are_counted():

@@ -120,7 +120,7 @@ def test_online_update_matches_soft_binning():
     d.add_request(1, [5, 6, 7, 8, 1, 5, 6, 7, 9, 2, 5, 6, 7, 8, 3, 5, 6, 7])
     b = d.propose([1], budget=12)
     before = d.calibration.weights.copy()
-    d.extend(1, [8, 1, 4])  # two draft tokens accepted ("8 1"), then the bonus token 4
+    d.extend(1, [8, 1, 4])  # two draft tokens accepted ("8 1"), then the next token 4
     d.observe([1], b, on_path_mask(b, tokens=[[8, 1]]))
     delta = d.calibration.weights - before
     on = {0}
@@ -132,7 +132,7 @@ def test_online_update_matches_soft_binning():
     expected = np.zeros_like(delta)
     table = cal.CalibrationTable.identity()
     for v in trials:
-        dd, mm = table.buckets(b.depth[v], b.match_len[v])
+        dd, mm = table.bins(b.depth[v], b.match_len[v])
         t = float(b.raw_score[v]) * (table.num_knots - 1)
         k = min(int(t), table.num_knots - 2)
         expected[b.source[v], dd, mm, k] += 1 - (t - k)

@@ -48,5 +48,7 @@ def test_an_exception_at_any_line_of_a_step_costs_nothing(scenario, exc, record_
     )
     record_property("interrupt_points", rep.points)
     assert rep.points + rep.spared + rep.unreached == len(range(offset + 1, rep.lines + 1, stride))
-    assert rep.points > 20 * (rep.spared + rep.unreached)
+    # the sweep raises at nearly every point it visits: lines spared by design (the tokenizer's decode and
+    # the compiler's first call) are a few percent of a step's lines, so a stride may land on a few
+    assert rep.points > 8 * (rep.spared + rep.unreached)
     assert not rep.problems, "\n".join(rep.problems[:20])

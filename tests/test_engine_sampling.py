@@ -62,8 +62,8 @@ def joint_counts(fn, trials: int, seed: int):
     rng = np.random.default_rng(seed)
     first, pair = Counter(), Counter()
     for _ in range(trials):
-        path, bonus = fn(rng)
-        out = [int(TOKENS[v]) for v in path[1:]] + [bonus]
+        path, nxt = fn(rng)
+        out = [int(TOKENS[v]) for v in path[1:]] + [nxt]
         first[out[0]] += 1
         if len(out) > 1:
             pair[(out[0], out[1])] += 1
@@ -99,10 +99,10 @@ def test_specinfer_distribution(seed):
         toks[5] = sample_from(q_3, draft_rng)
         parents = np.array([-1, 0, 0, 0, 1, 1])
         q = np.stack([q_root, q_root, q_root, q_root, q_3, q_3])
-        path, bonus = verify_specinfer(toks, parents, probs[:6], q, r)
-        trial.out = [int(toks[v]) for v in path[1:]] + [bonus]
+        path, nxt = verify_specinfer(toks, parents, probs[:6], q, r)
+        trial.out = [int(toks[v]) for v in path[1:]] + [nxt]
         trial.first_child = len(path) > 1 and path[1] == 1
-        return path, bonus
+        return path, nxt
 
     first, after_child1 = Counter(), Counter()
     rng2 = np.random.default_rng(seed + 7)

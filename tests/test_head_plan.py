@@ -1,5 +1,5 @@
 """Verification's output-head calls: one per level of the accepted paths, or one for every row still needed
-(``HeadCost`` decides from measured costs). Either way the paths, the bonus tokens and the generated text are
+(``HeadCost`` decides from measured costs). Either way the paths, the next tokens and the generated text are
 the same; only the number of head calls changes."""
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def _step(seed: int):
 
 
 @pytest.mark.parametrize("seed", range(12))
-def test_paths_and_bonus_tokens_do_not_depend_on_how_the_head_is_asked(seed):
+def test_paths_and_next_tokens_do_not_depend_on_how_the_head_is_asked(seed):
     hidden, head, trees, reqs = _step(seed)
     results, calls = [], []
     for plan in (None, steep_plan(), flat_plan()):

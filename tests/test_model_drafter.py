@@ -216,7 +216,7 @@ def test_the_target_as_its_own_drafter_accepts_whole_chains():
     )
     res = engine.generate(prompts, max_new_tokens=28, eos_token_ids=())
     assert [r.tokens for r in res] == [reference(family, p, 28) for p in prompts]
-    assert all(r.stats.tokens_per_step == 7 for r in res)  # every chain accepted: 6 + the bonus
+    assert all(r.stats.tokens_per_step == 7 for r in res)  # every chain accepted: 6 + the next token
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -316,9 +316,9 @@ def test_specinfer_is_lossless_for_siblings_drawn_without_replacement(seed):
             toks.append(x)
             rows.append(row)
             left[x] = 0
-        path, bonus = verify_specinfer(np.array(toks), np.array([-1, 0, 0, 0, 0]), np.tile(p, (5, 1)),
+        path, nxt = verify_specinfer(np.array(toks), np.array([-1, 0, 0, 0, 0]), np.tile(p, (5, 1)),
                                        np.stack(rows), verify)  # fmt: skip
-        first = toks[path[1]] if len(path) > 1 else bonus
+        first = toks[path[1]] if len(path) > 1 else nxt
         counts[first] = counts.get(first, 0) + 1
     assert_matches(counts, dict(enumerate(p)), n)
 

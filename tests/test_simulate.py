@@ -111,7 +111,7 @@ def test_wrong_sibling_does_not_block_the_right_path():
     pairs = _pairs([12])
     d = ScriptedDrafter(pairs, "wrong-first")
     r = simulate(d, pairs, budget=4, batch_size=1, observe=True, collect_records=True)
-    # each step: 1 wrong node + 3 right ones -> advance 4 (3 accepted + bonus): 12 tokens in 3 steps
+    # each step: 1 wrong node + 3 right ones -> advance 4 (3 accepted + the next token): 12 tokens in 3 steps
     assert r.steps == 3 and r.mal == 4.0 and r.accepted_tokens == 9 and r.drafted_tokens == 12
     assert d.observed == [([0], [3])] * 3
     assert r.by_depth[1].nodes == 6 and r.by_depth[1].reached == 6 and r.by_depth[1].accepted == 3
@@ -151,7 +151,7 @@ def test_prompt_lookup_on_a_repetitive_output():
     prompt = np.array([1, 2, 3, 4, 5, 6], np.int32)
     pair = Pair.make(prompt, np.tile(prompt, 3), id="rep")
     r = simulate(PromptLookupDrafter(), [pair], budget=6, batch_size=1)
-    # step 1: context ends in 6 (no earlier 6) -> bonus only; then every step accepts 6 + bonus
+    # step 1: context ends in 6 (no earlier 6) -> the next token only; then every step accepts 6 + the next token
     assert r.steps == 1 + 3 and r.mal == 18 / 4
 
 

@@ -48,16 +48,16 @@ Calibration::Calibration(std::vector<int32_t> depth_edges, std::vector<int32_t> 
   check_edges(depth_edges_, "depth_edges");
   check_edges(match_edges_, "match_edges");
   if (num_knots_ < 2 || num_knots_ > 1001) throw std::invalid_argument("num_knots must be in [2, 1001]");
-  // A bound on the table (the shipped one has 3 * 7 * 6 * 11 entries) so that absurd bucket lists are
+  // A bound on the table (the shipped one has 3 * 7 * 6 * 11 entries) so that absurd bin lists are
   // a clear error, not a multi-gigabyte allocation.
   if (depth_edges_.size() > 4096 || match_edges_.size() > 4096 ||
       depth_edges_.size() * match_edges_.size() * static_cast<size_t>(num_knots_) > (size_t{1} << 22)) {
-    throw std::invalid_argument("calibration table too large: at most 4096 depth and match buckets and 2^22 "
-                                "(bucket, knot) entries per source");
+    throw std::invalid_argument("calibration table too large: at most 4096 depth and match bins and 2^22 "
+                                "(bin, knot) entries per source");
   }
   for (int32_t v = 0; v < kLut; ++v) {
-    depth_lut_.push_back(bucket(depth_edges_, v));
-    match_lut_.push_back(bucket(match_edges_, v));
+    depth_lut_.push_back(bin(depth_edges_, v));
+    match_lut_.push_back(bin(match_edges_, v));
   }
   const size_t groups = static_cast<size_t>(kNumSources) * depth_edges_.size() * match_edges_.size();
   values_.resize(groups * static_cast<size_t>(num_knots_));
@@ -88,7 +88,7 @@ void Calibration::set(const std::vector<float>& values, const std::vector<double
   for (int32_t g = 0; g < static_cast<int32_t>(dirty_.size()); ++g) refit(g);
 }
 
-int32_t Calibration::bucket(const std::vector<int32_t>& edges, int32_t v) {
+int32_t Calibration::bin(const std::vector<int32_t>& edges, int32_t v) {
   const auto it = std::upper_bound(edges.begin(), edges.end(), v);
   return std::max<int32_t>(0, static_cast<int32_t>(it - edges.begin()) - 1);
 }

@@ -1,5 +1,5 @@
 // Calibration of raw node scores: a monotone piecewise-linear map raw -> p per group (source, depth
-// bucket, match-length bucket), on fixed knots x_k = k / (K - 1) (fixed spacing: nothing to validate
+// bin, match-length bin), on fixed knots x_k = k / (K - 1) (fixed spacing: nothing to validate
 // per update). Online updates add soft-binned observations to the knots' (successes, weights) and refit
 // only the touched groups with pool-adjacent-violators, so an update costs O(observations + touched
 // groups * K). The Python side (sssd.calibration) owns the JSON format and the offline fit.
@@ -22,7 +22,7 @@ constexpr int32_t kAbsentRank = 63;
 constexpr int32_t kNumSources = 5;
 // The match-length feature of a recycled candidate of rank j (0: best): 1 + j in a token's row (ranks past
 // kPairRankBase - 1 share the last value), kPairRankBase + 1 + j in a (previous token, token) pair's row
-// (up to kPairRankBase ranks): with the default match buckets, the two kinds of rows fall in groups of
+// (up to kPairRankBase ranks): with the default match bins, the two kinds of rows fall in groups of
 // their own (a pair's row is the model's prediction after a longer context: it is right more often).
 constexpr int32_t kPairRankBase = 8;
 inline int32_t recycled_match(int32_t rank, bool pair) {
@@ -31,8 +31,8 @@ inline int32_t recycled_match(int32_t rank, bool pair) {
 
 class Calibration {
  public:
-  // Identity map (p = raw) with the given buckets. depth_edges / match_edges are the lower bounds of
-  // the buckets (increasing, first <= 1); num_knots >= 2.
+  // Identity map (p = raw) with the given bins. depth_edges / match_edges are the lower bounds of
+  // the bins (increasing, first <= 1); num_knots >= 2.
   Calibration(std::vector<int32_t> depth_edges, std::vector<int32_t> match_edges, int32_t num_knots);
   Calibration() : Calibration({1, 2, 3, 4, 6, 9, 13}, {1, 2, 3, 5, 9, 17}, 11) {}
 
@@ -51,9 +51,9 @@ class Calibration {
 
   // Inline: apply runs for every candidate node of every request at every step.
   int32_t group(int32_t source, int32_t depth, int32_t match_len) const {
-    const int32_t d = depth >= 0 && depth < kLut ? depth_lut_[static_cast<size_t>(depth)] : bucket(depth_edges_, depth);
+    const int32_t d = depth >= 0 && depth < kLut ? depth_lut_[static_cast<size_t>(depth)] : bin(depth_edges_, depth);
     const int32_t m = match_len >= 0 && match_len < kLut ? match_lut_[static_cast<size_t>(match_len)]
-                                                         : bucket(match_edges_, match_len);
+                                                         : bin(match_edges_, match_len);
     return (source * num_depth() + d) * num_match() + m;
   }
   float apply(int32_t source, int32_t depth, int32_t match_len, float raw) const {
@@ -73,8 +73,8 @@ class Calibration {
 
  private:
   void refit(int32_t g);
-  static int32_t bucket(const std::vector<int32_t>& edges, int32_t v);  // index of the last edge <= v
-  static constexpr int32_t kLut = 128;  // bucket lookup tables for depth / match length < kLut
+  static int32_t bin(const std::vector<int32_t>& edges, int32_t v);  // index of the last edge <= v
+  static constexpr int32_t kLut = 128;  // bin lookup tables for depth / match length < kLut
   std::vector<int32_t> depth_edges_, match_edges_, depth_lut_, match_lut_;
   int32_t num_knots_;
   std::vector<float> values_;

@@ -99,7 +99,7 @@ def on_path_mask(
 
     - ``paths``: per tree, the node indices of its accepted path within the tree, root (0) first, as
       verification returns them (the engine's ``paths``);
-    - ``tokens``: per tree, its accepted draft tokens in order (the bonus token excluded), for callers
+    - ``tokens``: per tree, its accepted draft tokens in order (the next token excluded), for callers
       that know only tokens: from the root, the path goes to the first child (lowest index) holding the
       next token (the batch's ``tokens`` are read).
 

@@ -3,7 +3,7 @@
 The pairs are split (deterministically, by id) into a fitting part and a held-out part. The fitting
 part is replayed with the identity table (raw scores); every draft node whose parent was accepted is
 an observation (source, depth, match length, raw score -> accepted or not), and the monotone maps per
-(source, depth bucket, match-length bucket) are fitted to them. With --rounds 2 (default) the fitting
+(source, depth bin, match-length bin) are fitted to them. With --rounds 2 (default) the fitting
 part is replayed again with that table and the fit is redone on both rounds' observations, so it also
 sees the nodes a calibrated drafter proposes. The held-out part is then replayed with
 the identity table, the shipped default and the new table: expected calibration error (ECE) of the
@@ -22,7 +22,7 @@ from sssd.evaluation.fitting import DEFAULT_SOURCES, SOURCES, DrafterSpec, parse
 
 NAME = "calibrate"
 # Below these the fit and its check rest on too few observations to mean much: the table has a monotone
-# map per (source, depth bucket, match-length bucket), and a held-out MAL over a few pairs moves with
+# map per (source, depth bin, match-length bin), and a held-out MAL over a few pairs moves with
 # each one (two pairs gave a "MAL 8.000"). The command still runs, with a warning.
 MIN_FIT_PAIRS = 20
 MIN_HELD_OUT_PAIRS = 10

@@ -1,14 +1,14 @@
 """Calibration of the drafter's node scores: raw estimate -> probability that the node is accepted.
 
-A table holds, for every group (source, depth bucket, match-length bucket), a monotone piecewise-linear
+A table holds, for every group (source, depth bin, match-length bin), a monotone piecewise-linear
 map on fixed knots ``x_k = k / (K - 1)`` (fixed spacing: there is nothing to validate when it changes).
 Observations are soft-binned to the two knots around their raw score; a group's values are the weighted
 isotonic (pool-adjacent-violators) fit of the knots' success rates. The drafter applies the table in C++
 and updates it online from ``Drafter.observe`` (only touched groups are refit).
 
 JSON format (``format: "sssd-calibration"``, ``version: 1``): ``sources`` (names, in source-id order),
-``depth_edges`` / ``match_edges`` (lower bounds of the buckets), ``num_knots``, ``values`` and
-``weights`` as nested lists of shape [sources][depth buckets][match buckets][knots].
+``depth_edges`` / ``match_edges`` (lower bounds of the bins), ``num_knots``, ``values`` and
+``weights`` as nested lists of shape [sources][depth bins][match bins][knots].
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def _check_edges(edges: tuple[int, ...], what: str) -> None:
 
 @dataclass(frozen=True, eq=False)
 class CalibrationTable:
-    """Monotone maps raw -> p per (source, depth bucket, match-length bucket)."""
+    """Monotone maps raw -> p per (source, depth bin, match-length bin)."""
 
     depth_edges: tuple[int, ...]
     match_edges: tuple[int, ...]
@@ -85,7 +85,7 @@ class CalibrationTable:
         values = np.broadcast_to(np.linspace(0, 1, num_knots, dtype=np.float32), shape).copy()
         return cls(tuple(depth_edges), tuple(match_edges), num_knots, values, np.zeros(shape))
 
-    def buckets(self, depth: Any, match_len: Any) -> tuple[np.ndarray, np.ndarray]:
+    def bins(self, depth: Any, match_len: Any) -> tuple[np.ndarray, np.ndarray]:
         d = np.maximum(np.searchsorted(self.depth_edges, np.asarray(depth), side="right") - 1, 0)
         m = np.maximum(np.searchsorted(self.match_edges, np.asarray(match_len), side="right") - 1, 0)
         return d, m
@@ -95,7 +95,7 @@ class CalibrationTable:
         s = np.asarray(source, dtype=np.int64)
         if s.size and (s.min() < 0 or s.max() >= len(SOURCES)):
             raise ValueError(f"source ids must be in [0, {len(SOURCES)}): {', '.join(SOURCES)}")
-        d, m = self.buckets(depth, match_len)
+        d, m = self.bins(depth, match_len)
         k_count = self.num_knots
         t = np.clip(np.asarray(raw, dtype=np.float32), 0, 1) * np.float32(k_count - 1)
         k = np.minimum(t.astype(np.int64), k_count - 2)
@@ -219,7 +219,7 @@ def fit(
         raise ValueError(f"source ids must be in [0, {len(SOURCES)}): {', '.join(SOURCES)}")
     if np.any((y != 0) & (y != 1)):
         raise ValueError("accepted must hold 0/1 outcomes")
-    d, m = table.buckets(depth, match_len)
+    d, m = table.bins(depth, match_len)
     t = r * (num_knots - 1)
     k = np.minimum(t.astype(np.int64), num_knots - 2)
     a = t - k

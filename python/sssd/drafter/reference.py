@@ -135,7 +135,7 @@ def expand_recycled(
     token -> (ids, probs), best first; pairs: (previous token, token) -> (ids, probs), the pair rows the
     table holds, preferred to the token's row; root_prev: the token before the root (-1: none);
     cal_p(source, depth, match, raw) -> p (None: p = raw); match_edges: the calibration's match-length
-    buckets (for the bound on a new candidate's p). Returns the tree's lists, with ``depth``, ``raw``,
+    bins (for the bound on a new candidate's p). Returns the tree's lists, with ``depth``, ``raw``,
     ``match_len`` and ``source_mask`` added."""
 
     def distinct(rows: dict) -> dict:  # a token repeated in a row is kept once, at its best rank

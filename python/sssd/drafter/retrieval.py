@@ -4,7 +4,7 @@ Usage (the shared contract between drafter, engine and scheduler)::
 
     drafter = Drafter(datastore=ds_or_None, config=DrafterConfig())
     drafter.add_request(rid, prompt_ids)            # int32 1-D array (lists are converted)
-    drafter.extend(rid, new_ids)                    # accepted + bonus tokens of the last step
+    drafter.extend(rid, new_ids)                    # accepted + next token of the last step
     batch = drafter.propose(rids, budget=64)        # global int budget or one budget per request
     drafter.observe(rids, batch, on_path)           # online calibration (on_path: sssd.batch.on_path_mask)
     drafter.remove_request(rid)                     # its output joins the recent-outputs pool
@@ -284,7 +284,7 @@ class Drafter:
         self._native.add_request(check_int(rid, "rid"), _tokens(prompt_ids, "prompt_ids"))
 
     def extend(self, rid: int, new_ids: Any) -> None:
-        """Append the tokens committed by the last step (accepted + bonus). UnknownRequestError if unknown."""
+        """Append the tokens committed by the last step (accepted + the next token). UnknownRequestError if unknown."""
         self._native.extend(check_int(rid, "rid"), _tokens(new_ids, "new_ids"))
 
     def remove_request(self, rid: int, *, add_to_pool: bool | None = None) -> None:

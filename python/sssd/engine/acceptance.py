@@ -2,10 +2,11 @@
 
 The engine verifies a step's trees together on the flat batch (``sssd.engine.verify``), applying
 ``specinfer_node`` where a sampling request's tree carries draft distributions. The whole-tree functions
-below are the per-tree references the tests drive with many random draws; they return ``(path, bonus)``:
+below are the per-tree references the tests drive with many random draws; they return ``(path, next_token)``:
 ``path`` int64 ``[1 + accepted]`` = tree node indices from the root (node 0) along the accepted nodes,
-``bonus`` = the LLM's own token after the last accepted node. The committed output of the step is
-``tokens[path[1:]] + [bonus]``.
+``next_token`` = the LLM's own token after the last accepted node (a bonus token after a leaf, a
+recovered one where drafted children were rejected). The committed output of the step is
+``tokens[path[1:]] + [next_token]``.
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ def verify_sampling(
     tokens: np.ndarray, parents: np.ndarray, probs: np.ndarray, rng: np.random.Generator
 ) -> tuple[np.ndarray, int]:
     """Lossless for deterministic drafts: at each node draw the LLM's token from ``probs[node]``
-    (``[n, V]``) and move to the child carrying it; the first draw no child matches is the bonus."""
+    (``[n, V]``) and move to the child carrying it; the first draw no child matches is the next token."""
     index = child_index(tokens, parents)
     node, path = 0, [0]
     while True:

@@ -53,7 +53,7 @@ import torch.nn.functional as F
 from sssd.engine.attention import _SDPA_GQA
 from sssd.engine.masks import padded_ancestors
 
-MODES = ("static", "inductor", "cudagraph")
+COMPILE_MODES = ("static", "inductor", "cudagraph")
 MIN_ROWS = 128  # the smallest rows bucket: short contexts share a graph
 
 
@@ -62,7 +62,7 @@ class CompileError(RuntimeError):
 
 
 def resolve_compile(compile: bool | str, device: torch.device, attention: str, explicit_attention: bool):
-    """The mode of ``EngineConfig.compile`` on ``device``: None (the eager forward) or one of ``MODES`` /
+    """The mode of ``EngineConfig.compile`` on ``device``: None (the eager forward) or one of ``COMPILE_MODES`` /
     ``"backend:NAME"``. ``"auto"``: CUDA graphs on CUDA (unless the CUDA tree kernel was asked for by
     name: it runs eagerly), eager on the CPU, where compiling does not pay; ``True``: torch.compile.
     With ``"auto"``, the environment variable ``SSSD_COMPILE`` (``0``/``1`` or a mode) decides instead."""
@@ -79,10 +79,10 @@ def resolve_compile(compile: bool | str, device: torch.device, attention: str, e
         return None
     if compile == "cudagraph" and device.type != "cuda":
         raise ValueError(f"compile='cudagraph' needs a CUDA device, the model is on {device}")
-    if compile in MODES or (isinstance(compile, str) and compile.startswith("backend:") and len(compile) > 8):
+    if compile in COMPILE_MODES or (isinstance(compile, str) and compile.startswith("backend:") and len(compile) > 8):
         return compile
     raise ValueError(
-        f"compile must be True, False, 'auto', one of {MODES} or 'backend:NAME', got {compile!r}"
+        f"compile must be True, False, 'auto', one of {COMPILE_MODES} or 'backend:NAME', got {compile!r}"
     )
 
 

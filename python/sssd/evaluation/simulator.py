@@ -2,7 +2,7 @@
 
 Each step the drafter proposes a tree per active request for the context prompt + output[:i]; the
 accepted length is the longest root path whose tokens equal output[i:]; the request then commits the
-accepted tokens plus the bonus token (output[i + accepted]), i.e. advances by accepted + 1 (capped at the
+accepted tokens plus the model's next token (output[i + accepted]), i.e. advances by accepted + 1 (capped at the
 end of the output), exactly as greedy verification would with the model that produced the outputs.
 Requests run batched and continuously: up to ``batch_size`` are active, a finished one is removed from
 the drafter (its recent-outputs pool sees it) and the next pair joins.
@@ -62,7 +62,7 @@ class SimulationResult:
     num_pairs: int
     steps: int  # request-steps (one verification of one request)
     batch_steps: int  # propose calls
-    generated_tokens: int  # output tokens replayed (= sum of accepted + bonus, capped at the end)
+    generated_tokens: int  # output tokens replayed (= sum of accepted + next tokens, capped at the end)
     drafted_tokens: int  # non-root nodes proposed
     accepted_tokens: int  # draft nodes accepted
     propose_seconds: float  # wall time inside drafter.propose
@@ -73,7 +73,7 @@ class SimulationResult:
 
     @property
     def mal(self) -> float:
-        """Mean accepted length: tokens per verification step (accepted + bonus)."""
+        """Mean accepted length: tokens per verification step (accepted + the next token)."""
         return self.generated_tokens / self.steps if self.steps else float("nan")
 
     @property
@@ -166,7 +166,7 @@ class _Replay:
 @dataclass(frozen=True)
 class _StepOutcome:
     accepted: np.ndarray  # [B] draft nodes accepted
-    advance: np.ndarray  # [B] tokens committed: accepted + bonus, capped at the end of the output
+    advance: np.ndarray  # [B] tokens committed: accepted + the next token, capped at the end of the output
     depth: np.ndarray  # [N]
     nonroot: np.ndarray  # [N] bool
     matched: np.ndarray  # [N] bool: the node and its ancestors equal the output

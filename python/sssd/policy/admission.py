@@ -38,7 +38,7 @@ class RunningState:
     time_s: np.ndarray  # seconds since the request's first step (steps + prefill stalls)
     tokens: np.ndarray  # output tokens so far
     remaining: np.ndarray  # tokens it is expected to produce still
-    rate: np.ndarray  # expected tokens per step (accepted + bonus)
+    rate: np.ndarray  # expected tokens per step (accepted + the next token)
     context: np.ndarray  # committed tokens
 
 

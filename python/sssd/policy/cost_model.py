@@ -8,7 +8,8 @@ A step has three timed parts, each modelled as a function that is linear in its 
   1)·rows`` for ``B`` requests, ``n_max`` nodes (root included) in the largest tree and ``rows`` the most
   cache rows any request reads (at batch 4 on a CPU a tree of 16 nodes on one request costs as much
   attention as 16 on each of them), ``L`` the output-head calls beyond the first (verification asks the
-  head for one depth at a time, so a step costs one call per level of its longest accepted path; left
+  head for one level of the walk per call unless one call for all rows pays, so a step costs up to one
+  call per level of its longest accepted path; left
   out, the long accepted paths that come with large trees make large trees look dear) and ``v`` the cost
   of one such call. The head has one model, ``sssd.policy.head_cost.HeadCost`` (``CostModel.head``),
   which verification's choice of head calls reads too: where a step reports its head's time

@@ -241,12 +241,13 @@ def cap_per_request(batch, cap: int):
     key = np.full(len(rank), np.inf)
     nodes = np.flatnonzero(rank >= 0)
     nodes = nodes[np.argsort(rank[nodes], kind="stable")]
-    seen = np.zeros(len(offsets) - 1, dtype=np.int64)
-    # position of each node within its own tree's rank order (vectorized running count per tree)
+    # position of each node within its own tree's rank order: a stable sort by tree keeps the rank order
+    # inside each tree, and a node's position is its distance from its tree's first node there
+    owner = tree[nodes]
+    by_tree = np.argsort(owner, kind="stable")
+    sorted_owner = owner[by_tree]
     pos = np.empty(len(nodes), dtype=np.int64)
-    for i, t in enumerate(tree[nodes]):  # O(M) with M <= a few hundred
-        pos[i] = seen[t]
-        seen[t] += 1
+    pos[by_tree] = np.arange(len(nodes)) - np.searchsorted(sorted_owner, sorted_owner, side="left")
     keep = pos < cap
     key[nodes[keep]] = rank[nodes[keep]]
     return rerank(batch, key)

@@ -39,7 +39,7 @@ class HeadCost:
         self._refused = 0
 
     @staticmethod
-    def bucket(rows: int) -> int:
+    def rows_class(rows: int) -> int:
         return 1 << max(0, int(rows) - 1).bit_length()
 
     # -- measurements ------------------------------------------------------------------------------
@@ -47,7 +47,7 @@ class HeadCost:
         """One head call over ``rows`` rows took ``seconds``."""
         if rows < 1 or not seconds >= 0:
             return
-        b = self.bucket(rows)
+        b = self.rows_class(rows)
         old = self.cost.get(b)
         self.cost[b] = seconds if old is None else old + 0.25 * (seconds - old)
 
@@ -58,7 +58,7 @@ class HeadCost:
     # -- what they say -----------------------------------------------------------------------------
     def estimate(self, rows: int) -> float | None:
         """Seconds of one call over ``rows`` rows (None: no call of that many rows or fewer measured)."""
-        b = self.bucket(rows)
+        b = self.rows_class(rows)
         if b in self.cost:
             return self.cost[b]
         smaller = [k for k in self.cost if k < b]
@@ -105,5 +105,5 @@ class HeadCost:
         for r, s in zip(rows, secs, strict=True):
             if not (int(r) >= 1 and float(s) >= 0):
                 raise ValueError(f"cost profile's head: a call of {r} rows cannot take {s} s")
-            out.cost[cls.bucket(int(r))] = float(s)
+            out.cost[cls.rows_class(int(r))] = float(s)
         return out

@@ -61,4 +61,4 @@ class PolicyStep:
     predicted_s: float  # predicted step time at the chosen budget
     step_s: float  # measured step time
     expected_accepted: float  # corrected Σf of the kept nodes
-    accepted: int  # draft nodes the model accepted (bonus tokens excluded)
+    accepted: int  # draft nodes the model accepted (the next token excluded)

@@ -43,7 +43,7 @@ def slo_first(batch, step_s: float, targets: np.ndarray, *, slack_s: float = 0.0
     for i in range(b):
         nodes = np.flatnonzero((tree == i) & (rank >= 0))
         queues.append(list(nodes[np.argsort(rank[nodes], kind="stable")]))
-    expected = np.ones(b)  # tokens per step so far: the bonus token
+    expected = np.ones(b)  # tokens per step so far: the next token
     need = step_s + slack_s
     # A request that cannot reach its target this step even with all of its nodes gets no SLO priority:
     # pouring nodes into it would cost everyone step time and still miss.
