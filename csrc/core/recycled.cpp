@@ -158,10 +158,9 @@ class Expander {
   }
   bool good(double f) const { return f >= params_.min_f && f > floor_; }
 
-  // Every relevant retrieval node (f >= relevant, match shorter than kRescoreMaxMatch) whose parent's
-  // token has a row gets p =
-  // cal(kRescoredSource, depth, 1 + its rank in the row (kAbsentRank + 1 when absent), its retrieval
-  // p); then its f estimate follows (parents first). The relevant nodes are listed in s_.relevant.
+  // Every relevant retrieval node (f >= relevant, match shorter than kRescoreMaxMatch) whose token is in
+  // its parent's row gets p = cal(kRescoredSource, depth, recycled_match(its rank), its retrieval p);
+  // then its f estimate follows (parents first). The relevant nodes are listed in s_.relevant.
   void rescore(double relevant) {
     s_.relevant.clear();
     const int32_t* ids = nullptr;
@@ -174,12 +173,14 @@ class Expander {
       const int32_t count = row_of(u, &ids, &probs, &pair);
       if (count > 0 && t_.source[v] >= 0 && t_.source[v] < kNumTrieSources && t_.match_len[v] < kRescoreMaxMatch) {
         const auto j = static_cast<int32_t>(std::find(ids, ids + count, t_.tokens[v]) - ids);
-        const int32_t match = j < count ? recycled_match(j, pair) : kAbsentRank + 1;
-        t_.raw[v] = t_.p[v];
-        t_.p[v] = p_of(kRescoredSource, t_.depth[v], match, t_.p[v]);
-        t_.source[v] = static_cast<int8_t>(kRescoredSource);
-        t_.match_len[v] = match;
-        if (j < count) t_.source_mask[v] |= static_cast<uint8_t>(1u << kRecycledSource);
+        if (j < count) {  // absent from the row: the retrieval score stands (see the header)
+          const int32_t match = recycled_match(j, pair);
+          t_.raw[v] = t_.p[v];
+          t_.p[v] = p_of(kRescoredSource, t_.depth[v], match, t_.p[v]);
+          t_.source[v] = static_cast<int8_t>(kRescoredSource);
+          t_.match_len[v] = match;
+          t_.source_mask[v] |= static_cast<uint8_t>(1u << kRecycledSource);
+        }
       }
       t_.f[v] = t_.f[u] * static_cast<double>(t_.p[v]);
     }

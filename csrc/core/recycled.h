@@ -105,13 +105,16 @@ struct RecycleScratch {
 };
 
 // Adds the recycled candidates to a merged tree (fuse_merge's output, before fuse_finish):
-// 1. Rescoring: a retrieval node whose parent's token has a row is scored again with what the model's own
-//    ranking says of it, p = cal(kRescoredSource, depth, 1 + its rank in the row (kAbsentRank + 1 when
-//    absent), its retrieval p): agreement says more than either source alone, disagreement less. It
-//    becomes a kRescoredSource node (raw = the retrieval p), and its f estimate follows. Only the
-//    relevant nodes are: f at least a quarter of the max_new-th largest f (the others, most of a
-//    tree, could not reach the selection); the others keep their scores, and so do the nodes whose
-//    match is kRescoreMaxMatch tokens or longer.
+// 1. Rescoring: a retrieval node whose token is in its parent's row is scored again with what the model's
+//    own ranking says of it, p = cal(kRescoredSource, depth, recycled_match(its rank in the row), its
+//    retrieval p): agreement says more than either source alone. It becomes a kRescoredSource node (raw =
+//    the retrieval p), and its f estimate follows. A node absent from the row keeps its retrieval score:
+//    the absent group is one map of the retrieval p per depth, so rescoring it replaced the source's
+//    calibration by source and match length with an average (held-out dev pairs and bundled prompts:
+//    MAL higher at 16 nodes and on the bundled prompts at most budgets without it, docs/drafter.md).
+//    Only the relevant nodes are rescored: f at least a quarter of the max_new-th largest f (the others,
+//    most of a tree, could not reach the selection); nor are the nodes whose match is kRescoreMaxMatch
+//    tokens or longer.
 // 2. Expansion: new nodes, best first by the f estimate f(v) * p, where the candidate of rank j after node
 //    v (a token v has no child for yet) has p = cal(kRecycledSource, depth(v) + 1, j + 1, its recorded
 //    probability). Only candidates with f >= min_f and above the max_new-th largest f in the tree

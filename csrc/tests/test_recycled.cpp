@@ -100,8 +100,9 @@ TEST(recycled_expansion_rescores_and_adds) {
   sssd::expand_recycled(table, nullptr, params, t, scratch);
   CHECK_EQ(t.source[1], sssd::kRescoredSource);  // 7: rank 0 after 5
   CHECK_EQ(t.match_len[1], 1);
-  CHECK_EQ(t.source[2], sssd::kRescoredSource);  // 6: absent
-  CHECK_EQ(t.match_len[2], sssd::kAbsentRank + 1);
+  CHECK_EQ(t.source[2], 1);  // 6: absent from the row, keeps its retrieval score
+  CHECK_EQ(t.match_len[2], 0);
+  CHECK(t.p[2] == 0.25f);
   // new, best first: 8 after 5 (f 0.25, the lower node first), then 9 after 7 (0.25); four nodes are
   // then at f >= 0.25, so 3 after 7 (0.25) would never be among the best four
   CHECK_EQ(t.size(), 5);
