@@ -125,6 +125,9 @@ def test_a_node_absent_from_the_row_keeps_its_retrieval_score():
     assert out["match_len"][:4] == [0, 3, 1, 1]
     assert out["p"][1] == 0.75 and out["f"][1] == 0.75 and out["source_mask"][1] == 0
     assert out["f"][2] == 0.75 * out["p"][2]  # its child rescored below its kept f
+    want = oracle(tree, table, cal, max_new=3)
+    for key, v in out.items():
+        assert v == pytest.approx(want[key], rel=0, abs=0), key
 
 
 def test_a_long_match_keeps_its_retrieval_score():
@@ -221,12 +224,8 @@ def random_table(seed):
     return CalibrationTable(t.depth_edges, t.match_edges, t.num_knots, values, np.ones(t.shape))
 
 
-@given(cases(), st.sampled_from([None, 0, 1]))
-def test_matches_the_oracle(case, seed):
-    tree, table, pairs, opts = case
-    cal = None if seed is None else random_table(seed).native()
-    got = native(tree, table, cal, pairs, **opts)
-    table, pairs = held(table, pairs)
+def oracle(tree, table, cal, pairs=None, **opts):
+    """ref.expand_recycled with the native calibration ``cal`` (None: p = raw), as ``native`` is called."""
 
     def cal_p(source, depth, match, raw):
         s = np.asarray([source], np.int8)
@@ -236,14 +235,23 @@ def test_matches_the_oracle(case, seed):
             )[0]
         )
 
-    want = ref.expand_recycled(
+    return ref.expand_recycled(
         tree,
         table,
         None if cal is None else cal_p,
         match_edges=random_table(0).match_edges,
-        pairs=pairs,
-        **opts,
+        pairs=pairs or {},
+        **{**OPTS, **opts},
     )
+
+
+@given(cases(), st.sampled_from([None, 0, 1]))
+def test_matches_the_oracle(case, seed):
+    tree, table, pairs, opts = case
+    cal = None if seed is None else random_table(seed).native()
+    got = native(tree, table, cal, pairs, **opts)
+    table, pairs = held(table, pairs)
+    want = oracle(tree, table, cal, pairs, **opts)
     for key, v in got.items():
         assert v == pytest.approx(want[key], rel=0, abs=0), key
 
