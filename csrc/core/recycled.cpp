@@ -47,11 +47,12 @@ void RecycledTable::update(const int32_t* tokens, int64_t n, const int32_t* ids,
   for (int64_t i = 0; i < n; ++i) {
     if (static_cast<uint64_t>(tokens[i]) < max_rows_) top = std::max<int64_t>(top, tokens[i]);
   }
-  uint64_t rows = rows_.size() / k;
+  uint64_t rows = num_rows_;
   if (top >= static_cast<int64_t>(rows)) {
     // Doubling keeps growth amortized; never past the bound.
     rows = std::min<uint64_t>(max_rows_, std::max<uint64_t>(static_cast<uint64_t>(top) + 1, 2 * rows));
     rows_.resize(rows * k, RecycledCandidate{-1, 0.0f});
+    num_rows_ = rows;
   }
   for (int64_t i = 0; i < n; ++i) {
     const auto row = static_cast<uint64_t>(tokens[i]);
@@ -72,6 +73,7 @@ void RecycledTable::update(const int32_t* tokens, int64_t n, const int32_t* ids,
 
 void RecycledTable::clear() {
   Rows().swap(rows_);
+  num_rows_ = 0;
   std::fill(pair_keys_.begin(), pair_keys_.end(), ~uint64_t{0});
   std::fill(pair_rows_.begin(), pair_rows_.end(), RecycledCandidate{-1, 0.0f});
   recorded_ = 0;

@@ -33,8 +33,8 @@ struct RecycledCandidate {
   float prob;
 };
 
-// std::allocator with 64-byte (cache line) alignment: a table's rows start on a line, so with k = 8 a row
-// (64 bytes) is one line, read with one miss.
+// An allocator with 64-byte (cache line) alignment: a table's rows start on a line, so with k = 8 a row
+// (64 bytes) is one line.
 template <class T>
 struct LineAllocator {
   using value_type = T;
@@ -69,7 +69,7 @@ class RecycledTable {
   // The candidates recorded after token t: their number (0: none), and *row points to them, best first.
   int32_t lookup(int32_t t, const RecycledCandidate** row) const {
     const auto r = static_cast<uint64_t>(t);
-    if (t < 0 || r >= rows_.size() / static_cast<uint64_t>(k_)) return 0;
+    if (t < 0 || r >= num_rows_) return 0;
     *row = rows_.data() + r * static_cast<uint64_t>(k_);
     return count(*row);
   }
@@ -107,6 +107,7 @@ class RecycledTable {
   std::vector<uint64_t> pair_keys_;  // [slots] (a, b) of the row in the slot (~0: empty)
   Rows pair_rows_;                   // [slots * k]
   Rows rows_;                        // [rows * k] (id -1 in a row's first entry: never recorded)
+  uint64_t num_rows_ = 0;            // rows_.size() / k
   int64_t recorded_ = 0;             // rows with a record
 };
 
