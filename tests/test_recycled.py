@@ -99,13 +99,36 @@ def test_rescoring_agreement_and_absence():
     out = native(tree, table, max_new=0)  # no room for new nodes: nothing is done at all
     assert out["source"] == [-1, 0, 1]
     out = native(tree, table, max_new=1)
-    assert out["source"][1:3] == [4, 4]  # both rescored: 7 at rank 0, 6 absent
-    assert out["match_len"][1:3] == [1, 64]
-    assert out["raw"][1:3] == [0.5, 0.25]  # the retrieval p
+    assert out["source"][1:3] == [4, 1]  # 7 (rank 0) rescored; 6, absent from the row, is not
+    assert out["match_len"][1:3] == [1, 0]
+    assert out["raw"][1] == 0.5  # the retrieval p
     assert out["source_mask"][1:3] == [8, 0]  # recycled agrees with 7 only
     assert out["tokens"] == [5, 7, 6]  # 8 (f 0.25) is below the largest f: one node would never take it
     out = native(tree, table, max_new=3)
     assert out["tokens"] == [5, 7, 6, 8] and out["f"][3] == 0.25
+
+
+def test_a_node_absent_from_the_row_keeps_its_retrieval_score():
+    # the absent group would map every source and match length at a depth to one average: a node the
+    # model's top-k does not name keeps its source, match length, p and f (its subtree too)
+    tree = {
+        "tokens": [5, 6, 4, 7],
+        "parents": [-1, 0, 1, 0],
+        "p": [1.0, 0.75, 0.5, 0.125],
+        "f": [1.0, 0.75, 0.375, 0.125],
+        "source": [-1, 2, 0, 1],
+        "match_len": [0, 3, 4, 1],
+    }
+    table = {5: ([7, 8], [0.75, 0.25]), 6: ([4], [0.5])}
+    cal = random_table(0).native()
+    out = native(tree, table, cal, max_new=3)  # every node relevant (f >= a quarter of the 3rd best)
+    assert out["source"][:4] == [-1, 2, 4, 4]  # 6 is not in 5's row; 4 and 7 are (rank 0)
+    assert out["match_len"][:4] == [0, 3, 1, 1]
+    assert out["p"][1] == 0.75 and out["f"][1] == 0.75 and out["source_mask"][1] == 0
+    assert out["f"][2] == 0.75 * out["p"][2]  # its child rescored below its kept f
+    want = oracle(tree, table, cal, max_new=3)
+    for key, v in out.items():
+        assert v == pytest.approx(want[key], rel=0, abs=0), key
 
 
 def test_a_long_match_keeps_its_retrieval_score():
@@ -120,8 +143,8 @@ def test_a_long_match_keeps_its_retrieval_score():
         "match_len": [0, ref.RESCORE_MAX_MATCH, ref.RESCORE_MAX_MATCH - 1],
     }
     out = native(tree, {5: ([7, 8], [0.75, 0.25])}, max_new=1)
-    assert out["source"][1:3] == [2, 4]
-    assert out["match_len"][1:3] == [ref.RESCORE_MAX_MATCH, 64]
+    assert out["source"][1:3] == [2, 1]  # 6: a short match, but absent from the row
+    assert out["match_len"][1:3] == [ref.RESCORE_MAX_MATCH, ref.RESCORE_MAX_MATCH - 1]
     assert out["p"][1] == 0.5 and out["source_mask"][1] == 0
 
 
@@ -202,12 +225,8 @@ def random_table(seed):
     return CalibrationTable(t.depth_edges, t.match_edges, t.num_knots, values, np.ones(t.shape))
 
 
-@given(cases(), st.sampled_from([None, 0, 1]))
-def test_matches_the_oracle(case, seed):
-    tree, table, pairs, opts = case
-    cal = None if seed is None else random_table(seed).native()
-    got = native(tree, table, cal, pairs, **opts)
-    table, pairs = held(table, pairs)
+def oracle(tree, table, cal, pairs=None, **opts):
+    """ref.expand_recycled with the native calibration ``cal`` (None: p = raw), as ``native`` is called."""
 
     def cal_p(source, depth, match, raw):
         s = np.asarray([source], np.int8)
@@ -217,14 +236,23 @@ def test_matches_the_oracle(case, seed):
             )[0]
         )
 
-    want = ref.expand_recycled(
+    return ref.expand_recycled(
         tree,
         table,
         None if cal is None else cal_p,
         match_edges=random_table(0).match_edges,
-        pairs=pairs,
-        **opts,
+        pairs=pairs or {},
+        **{**OPTS, **opts},
     )
+
+
+@given(cases(), st.sampled_from([None, 0, 1]))
+def test_matches_the_oracle(case, seed):
+    tree, table, pairs, opts = case
+    cal = None if seed is None else random_table(seed).native()
+    got = native(tree, table, cal, pairs, **opts)
+    table, pairs = held(table, pairs)
+    want = oracle(tree, table, cal, pairs, **opts)
     for key, v in got.items():
         assert v == pytest.approx(want[key], rel=0, abs=0), key
 

@@ -8,10 +8,10 @@ without them, side by side in one run.
     and the odd-indexed half (the shipped table's recycled rows are fitted on the even half). The model's
     top-8 along the pairs: SmolLM2 float32, teacher-forced, cached (sssd.models.teacher). µs/req: propose
     + recycle per request per step, as measured in the replay.
-(b) Drafting time: propose µs per request on the same contexts (prompt + 200 output tokens of the dev
-    pairs, the pool holding 100 outputs), the recycled table warmed with every dev pair's top-k, rounds
-    alternating the order; median wall and CPU; recycle() µs per step; torch.topk against the argmax that
-    verification computes anyway, on [rows, 49152] logits.
+(b) Drafting time: propose µs per request (and nodes drafted per request) on the same contexts (prompt +
+    200 output tokens of the dev pairs, the pool holding 100 outputs), the recycled table warmed with every
+    dev pair's top-k, rounds alternating the order; median wall and CPU; recycle() µs per step;
+    torch.topk against the argmax that verification computes anyway, on [rows, 49152] logits.
 (c) End to end: SmolLM2-135M-Instruct, the bundled prompts (every kind) and --dev development prompts,
     float32 and bfloat16, batch 1 and 4, greedy, the adaptive policy (cap --budget): plain decoding, the
     drafter, the drafter + recycled candidates, taking turns prompt by prompt (batch 4: four prompts at a
@@ -115,8 +115,11 @@ def part_b(ds, rounds: int) -> None:
     pairs = load_pairs(PAIRS)
     top = teacher(pairs)
     print(f"\n(b) propose µs per request, median of {rounds} rounds, order alternating ({load()})\n")
-    print("| batch | budget | µs wall | µs wall +recycled | ratio | µs CPU | µs CPU +recycled | ratio |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(
+        "| batch | budget | nodes/req | nodes/req +recycled | µs wall | µs wall +recycled | ratio "
+        "| µs CPU | µs CPU +recycled | ratio |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for batch in (1, 4, 16):
         drafters = _drafters(ds, pairs, top, batch)
         for budget in (16, 64):
@@ -131,6 +134,11 @@ def part_b(ds, rounds: int) -> None:
                         d.propose(list(range(batch)), [budget] * batch)
                     wall[arm].append((time.perf_counter() - w0) / reps / batch * 1e6)
                     cpu[arm].append((time.process_time() - c0) / reps / batch * 1e6)
+            # nodes drafted per request: without the source a tree may hold fewer than the budget
+            nodes = [
+                (d.propose(list(range(batch)), [budget] * batch).tokens.size - batch) / batch
+                for d in drafters
+            ]
             w = [statistics.median(x) for x in wall]
             c = [statistics.median(x) for x in cpu]
             ratios = [f"{w[1] / w[0]:.2f}", f"{c[1] / c[0]:.2f}"]
@@ -138,6 +146,8 @@ def part_b(ds, rounds: int) -> None:
                 [
                     batch,
                     budget,
+                    f"{nodes[0]:.1f}",
+                    f"{nodes[1]:.1f}",
                     f"{w[0]:.1f}",
                     f"{w[1]:.1f}",
                     ratios[0],

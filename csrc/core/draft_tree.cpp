@@ -38,62 +38,79 @@ void fuse(const CandidateTrie* const tries[kNumTrieSources], const Calibration* 
   fuse_finish(out);
 }
 
-void fuse_merge(const CandidateTrie* const tries[kNumTrieSources], const Calibration* cal,
-                const FusionParams& params, CandidateTree& out, int32_t extra_nodes) {
+namespace {
+// Empties `out` to the root of the first non-empty trie, with room for every trie's nodes (each adds at most
+// one tree node) and extra_nodes more.
+void reset_for(const CandidateTrie* const tries[kNumTrieSources], int32_t extra_nodes, CandidateTree& out) {
   int32_t root = -1, max_nodes = 1 + std::max(extra_nodes, 0);
   for (int32_t s = 0; s < kNumTrieSources; ++s) {
     if (tries[s] != nullptr && tries[s]->size() > 0) {
       root = tries[s]->tokens[0];
-      max_nodes += tries[s]->size() - 1;  // every trie node adds at most one tree node
+      max_nodes += tries[s]->size() - 1;
     }
   }
   out.reset(root, max_nodes);
-  // The first source is copied without sibling searches (a trie has no duplicate children); the
-  // datastore, usually the largest trie, goes first. While merging, out.f[v] is the largest
-  // f_parent * p_s(v) over the sources merged so far (the pruning estimate); the final f comes below.
-  std::vector<int32_t>& map = out.fuse_map;
+}
+
+// Raw estimates and calibrated p_s of every node of source s's trie, into out.fuse_raw / out.fuse_ps. This
+// loop has no data-dependent branches, so the long division + table lookup of consecutive nodes overlap in
+// the pipeline. (Nodes merge_source drops are computed too, harmlessly.)
+void source_estimates(const CandidateTrie& t, int32_t s, const Calibration* cal, float alpha, CandidateTree& out) {
+  const int32_t n = t.size();
+  out.fuse_raw.resize(static_cast<size_t>(n));
+  out.fuse_ps.resize(static_cast<size_t>(n));
+  for (int32_t i = 1; i < n; ++i) {
+    const float raw = static_cast<float>(t.counts[i]) / (static_cast<float>(t.counts[t.parents[i]]) + alpha);
+    out.fuse_raw[static_cast<size_t>(i)] = raw;
+    out.fuse_ps[static_cast<size_t>(i)] = cal != nullptr ? cal->apply(s, t.depth[i], t.match_len[i], raw) : raw;
+  }
+}
+
+// Merges source s's trie into `out` (its estimates from source_estimates). copy: `out` is still the bare
+// root, so the trie is copied without sibling searches (a trie has no duplicate children). out.f[v] is
+// the largest f_parent * p_s(v) over the sources merged so far (the pruning estimate); p(v) the fusion of
+// their p_s; the winner's source, raw and match length are kept.
+void merge_source(const CandidateTrie& t, int32_t s, bool copy, const FusionParams& params, CandidateTree& out) {
+  const int32_t n = t.size();
+  std::vector<int32_t>& map = out.fuse_map;  // trie node -> tree node (-1: dropped)
+  map.assign(static_cast<size_t>(n), -1);
+  map[0] = 0;
+  for (int32_t i = 1; i < n; ++i) {
+    const int32_t fp = map[static_cast<size_t>(t.parents[i])];
+    if (fp < 0 || t.depth[i] > params.max_depth) continue;
+    const float ps = out.fuse_ps[static_cast<size_t>(i)];
+    const double fv = out.f[fp] * static_cast<double>(ps);
+    if (fv < params.min_f) continue;  // its subtree is skipped too (map stays -1)
+    const int32_t v = copy ? out.new_child(fp, t.tokens[i]) : out.child(fp, t.tokens[i]);
+    map[static_cast<size_t>(i)] = v;
+    out.f[v] = std::max(out.f[v], fv);
+    const bool first = out.source_mask[v] == 0;
+    if (first || ps > out.p[v]) {
+      out.source[v] = static_cast<int8_t>(s);
+      out.raw[v] = out.fuse_raw[static_cast<size_t>(i)];
+      out.match_len[v] = t.match_len[i];
+    }
+    if (params.noisy_or && !first) {
+      out.p[v] = 1.0f - (1.0f - out.p[v]) * (1.0f - ps);
+    } else {
+      out.p[v] = std::max(out.p[v], ps);
+    }
+    out.source_mask[v] |= static_cast<uint8_t>(1u << s);
+  }
+}
+}  // namespace
+
+void fuse_merge(const CandidateTrie* const tries[kNumTrieSources], const Calibration* cal,
+                const FusionParams& params, CandidateTree& out, int32_t extra_nodes) {
+  reset_for(tries, extra_nodes, out);
+  // The datastore, usually the largest trie, goes first: the first non-empty source is copied.
   bool empty = true;
   for (int32_t s : {1, 0, 2}) {
     const CandidateTrie* t = tries[s];
     if (t == nullptr || t->size() <= 1) continue;
-    const bool copy = empty;
+    source_estimates(*t, s, cal, params.alpha, out);
+    merge_source(*t, s, empty, params, out);
     empty = false;
-    const int32_t n = t->size();
-    // Raw estimates and calibrated p_s of every trie node first: this loop has no data-dependent
-    // branches, so the long division + table lookup of consecutive nodes overlap in the pipeline.
-    // (Nodes the merge below drops are computed too, harmlessly.)
-    out.fuse_raw.resize(static_cast<size_t>(n));
-    out.fuse_ps.resize(static_cast<size_t>(n));
-    for (int32_t i = 1; i < n; ++i) {
-      const float raw = static_cast<float>(t->counts[i]) /
-                        (static_cast<float>(t->counts[t->parents[i]]) + params.alpha);
-      out.fuse_raw[static_cast<size_t>(i)] = raw;
-      out.fuse_ps[static_cast<size_t>(i)] = cal != nullptr ? cal->apply(s, t->depth[i], t->match_len[i], raw) : raw;
-    }
-    map.assign(static_cast<size_t>(n), -1);
-    map[0] = 0;
-    for (int32_t i = 1; i < n; ++i) {
-      const int32_t fp = map[static_cast<size_t>(t->parents[i])];
-      if (fp < 0 || t->depth[i] > params.max_depth) continue;
-      const float ps = out.fuse_ps[static_cast<size_t>(i)];
-      const double fv = out.f[fp] * static_cast<double>(ps);
-      if (fv < params.min_f) continue;  // its subtree is skipped too (map stays -1)
-      const int32_t v = copy ? out.new_child(fp, t->tokens[i]) : out.child(fp, t->tokens[i]);
-      map[static_cast<size_t>(i)] = v;
-      out.f[v] = std::max(out.f[v], fv);
-      const bool first = out.source_mask[v] == 0;
-      if (first || ps > out.p[v]) {
-        out.source[v] = static_cast<int8_t>(s);
-        out.raw[v] = out.fuse_raw[static_cast<size_t>(i)];
-        out.match_len[v] = t->match_len[i];
-      }
-      if (params.noisy_or && !first) {
-        out.p[v] = 1.0f - (1.0f - out.p[v]) * (1.0f - ps);
-      } else {
-        out.p[v] = std::max(out.p[v], ps);
-      }
-      out.source_mask[v] |= static_cast<uint8_t>(1u << s);
-    }
   }
 }
 

@@ -9,7 +9,9 @@
 // request would relearn it every time), and one vocabulary-sized table costs what a per-request one would
 // cost per request.
 #pragma once
+#include <cstddef>
 #include <cstdint>
+#include <new>
 #include <vector>
 
 #include "core/calibration.h"
@@ -25,61 +27,88 @@ constexpr uint64_t kMaxUnsizedRows = 1u << 20;  // rows a table without a vocabu
 // every retrieval node in the rank group (on the bundled prompts: MAL 6.0 -> 4.8 at 16 nodes).
 constexpr int32_t kRescoreMaxMatch = 9;
 
+// One recorded candidate: a token the model ranked after another, and its probability (within the top-k).
+struct RecycledCandidate {
+  int32_t id;  // -1: none (past the row's count)
+  float prob;
+};
+
+// An allocator with 64-byte (cache line) alignment: a table's rows start on a line, so with k = 8 a row
+// (64 bytes) is one line.
+template <class T>
+struct LineAllocator {
+  using value_type = T;
+  static constexpr std::align_val_t kAlign{64};
+  LineAllocator() = default;
+  template <class U>
+  LineAllocator(const LineAllocator<U>&) {}  // NOLINT: conversions between element types are implicit
+  T* allocate(size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), kAlign)); }
+  void deallocate(T* p, size_t) { ::operator delete(p, kAlign); }
+  template <class U>
+  bool operator==(const LineAllocator<U>&) const { return true; }
+  template <class U>
+  bool operator!=(const LineAllocator<U>&) const { return false; }
+};
+
 class RecycledTable {
  public:
   // k: candidates kept per token, in [1, kMaxRecycledK]. vocab: the model's vocabulary (tokens at or past
   // it are never recorded); 0: unknown, the table grows to the largest token recorded, at most
   // kMaxUnsizedRows rows (larger tokens are not recorded). Memory: rows x k x 8 bytes, allocated as
-  // tokens are recorded.
+  // tokens are recorded; pair_slots x (k x 8 + 8) bytes for the pair rows.
   RecycledTable(int32_t k, uint64_t vocab, int32_t pair_slots = 0);
 
   int32_t k() const { return k_; }
   // Row i of ids / probs ([n, width] row-major, best first) becomes the row of tokens[i] (a later row of
-  // the same token wins); the first min(width, k) columns are kept, a repeated id once (its best rank). The caller has checked the values
-  // (tokens and ids >= 0 and in the vocabulary, probs in [0, 1]).
+  // the same token wins); the first min(width, k) columns are kept, a repeated id once (its best rank).
+  // The caller has checked the values (tokens and ids >= 0 and in the vocabulary, probs in [0, 1]).
   // prev (null: none): the token before each tokens[i] (< 0: unknown); a pair row keyed (prev, token)
   // is kept besides the token's row.
   void update(const int32_t* tokens, int64_t n, const int32_t* ids, const float* probs, int32_t width,
               const int32_t* prev = nullptr);
-  // The candidates recorded after token t: their number (0: none), and pointers to them, best first.
-  int32_t lookup(int32_t t, const int32_t** ids, const float** probs) const {
-    const auto row = static_cast<uint64_t>(t);
-    if (t < 0 || row >= count_.size() || count_[row] == 0) return 0;
-    *ids = ids_.data() + row * static_cast<uint64_t>(k_);
-    *probs = probs_.data() + row * static_cast<uint64_t>(k_);
-    return count_[row];
+  // The candidates recorded after token t: their number (0: none), and *row points to them, best first.
+  int32_t lookup(int32_t t, const RecycledCandidate** row) const {
+    const auto r = static_cast<uint64_t>(t);
+    if (t < 0 || r >= num_rows_) return 0;
+    *row = rows_.data() + r * static_cast<uint64_t>(k_);
+    return count(*row);
   }
-  int32_t lookup_pair(int32_t a, int32_t b, const int32_t** ids, const float** probs) const {
+  // The candidates recorded after the pair (a, b) (a read just before b), as lookup.
+  int32_t lookup_pair(int32_t a, int32_t b, const RecycledCandidate** row) const {
     if (pair_keys_.empty() || a < 0 || b < 0) return 0;
     const uint64_t key = pair_key(a, b);
     const uint64_t slot = pair_slot(key);
     if (pair_keys_[slot] != key) return 0;
-    *ids = pair_ids_.data() + slot * static_cast<uint64_t>(k_);
-    *probs = pair_probs_.data() + slot * static_cast<uint64_t>(k_);
-    return pair_count_[slot];
+    *row = pair_rows_.data() + slot * static_cast<uint64_t>(k_);
+    return count(*row);
   }
   int64_t rows_recorded() const { return recorded_; }
   void clear();
 
  private:
+  using Rows = std::vector<RecycledCandidate, LineAllocator<RecycledCandidate>>;
   static uint64_t pair_key(int32_t a, int32_t b) {
     return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
   }
   // Multiplicative hashing: the top bits of key * 2^64 / phi (one slot: shift 64, which C++ leaves undefined).
   uint64_t pair_slot(uint64_t key) const { return pair_shift_ >= 64 ? 0 : (key * 0x9E3779B97F4A7C15ull) >> pair_shift_; }
-  static int32_t keep_row(const int32_t* ids, const float* probs, int32_t w, int32_t* out_ids, float* out_probs);
+  // A row's candidates come first, then ids -1.
+  int32_t count(const RecycledCandidate* row) const {
+    int32_t c = 0;
+    while (c < k_ && row[c].id >= 0) ++c;
+    return c;
+  }
+  // Writes the distinct ids of ids[0 .. w) (and their probs) to out, the rest of its k entries empty.
+  int32_t keep_row(const int32_t* ids, const float* probs, int32_t w, RecycledCandidate* out) const;
 
   int32_t k_;
   uint64_t max_rows_;
   int32_t pair_shift_ = 64;
   std::vector<uint64_t> pair_keys_;  // [slots] (a, b) of the row in the slot (~0: empty)
-  std::vector<int32_t> pair_ids_;    // [slots * k]
-  std::vector<float> pair_probs_;    // [slots * k]
-  std::vector<uint8_t> pair_count_;  // [slots]
-  std::vector<int32_t> ids_;    // [rows * k]
-  std::vector<float> probs_;    // [rows * k]
-  std::vector<uint8_t> count_;  // [rows] candidates recorded (0: never)
-  int64_t recorded_ = 0;        // rows with a record
+  Rows pair_rows_;                   // [slots * k]
+  Rows rows_;                        // [rows * k] (id -1 in a row's first entry: never recorded)
+  uint64_t num_rows_ = 0;            // rows_.size() / k
+  int64_t recorded_ = 0;             // rows with a record
 };
 
 struct RecycleParams {
@@ -90,28 +119,41 @@ struct RecycleParams {
   int32_t root_prev = -1;         // the context's token before the root (-1: none)
 };
 
-// Reusable buffers of expand_recycled (one per thread).
+// Reusable buffers of expand_recycled (one per thread): nothing is allocated once they are warm, and
+// nothing proportional to the whole tree is cleared per call.
 struct RecycleScratch {
   struct Edge {
     double f;      // f estimate of the candidate
     int32_t node;  // the tree node it hangs below
     int32_t rank;  // its rank in the row of the node's token
   };
-  std::vector<Edge> heap;
-  std::vector<double> best;      // min-heap of the max_new largest f in the tree
-  std::vector<uint64_t> taken;   // [tree nodes] bit j: the node has its rank-j candidate as a child
-  std::vector<int32_t> relevant;  // the nodes rescored
-  std::vector<float> bound;  // [max_depth + 1] largest calibrated p of a candidate at each depth
+  // A node the expansion reads (the root, the relevant nodes, the new ones): its row, looked up once.
+  struct Touched {
+    const RecycledCandidate* row;
+    int32_t count;   // candidates in the row (-1: not looked up yet)
+    bool pair;       // a (previous token, token) pair's row
+    uint64_t taken;  // bit j: the node has its rank-j candidate as a child; bit 63: the bits are in
+  };
+  using EdgeKey = unsigned __int128;  // an Edge packed as one integer (recycled.cpp: edge_key)
+  std::vector<EdgeKey> heap;         // max-heap of the candidate edges
+  std::vector<double> best;         // min-heap of the max_new largest f in the tree
+  std::vector<int32_t> slot;        // [tree nodes] index in `touched` (-1: not touched)
+  std::vector<Touched> touched;     // [touched nodes]
+  std::vector<int32_t> relevant;    // the nodes rescored
+  std::vector<float> bound;         // [max_depth + 1] largest calibrated p of a candidate at each depth
 };
 
 // Adds the recycled candidates to a merged tree (fuse_merge's output, before fuse_finish):
-// 1. Rescoring: a retrieval node whose parent's token has a row is scored again with what the model's own
-//    ranking says of it, p = cal(kRescoredSource, depth, 1 + its rank in the row (kAbsentRank + 1 when
-//    absent), its retrieval p): agreement says more than either source alone, disagreement less. It
-//    becomes a kRescoredSource node (raw = the retrieval p), and its f estimate follows. Only the
-//    relevant nodes are: f at least a quarter of the max_new-th largest f (the others, most of a
-//    tree, could not reach the selection); the others keep their scores, and so do the nodes whose
-//    match is kRescoreMaxMatch tokens or longer.
+// 1. Rescoring: a retrieval node whose token is in its parent's row is scored again with what the model's
+//    own ranking says of it, p = cal(kRescoredSource, depth, recycled_match(its rank in the row), its
+//    retrieval p): agreement says more than either source alone. It becomes a kRescoredSource node (raw =
+//    the retrieval p), and its f estimate follows. A node absent from the row keeps its retrieval score:
+//    the absent group is one map of the retrieval p per depth, so rescoring it replaced the source's
+//    calibration by source and match length with an average (held-out dev pairs and bundled prompts:
+//    MAL higher at 16 nodes and on the bundled prompts at most budgets without it, docs/drafter.md).
+//    Only the relevant nodes are rescored: f at least a quarter of the max_new-th largest f (the others,
+//    most of a tree, could not reach the selection); nor are the nodes whose match is kRescoreMaxMatch
+//    tokens or longer.
 // 2. Expansion: new nodes, best first by the f estimate f(v) * p, where the candidate of rank j after node
 //    v (a token v has no child for yet) has p = cal(kRecycledSource, depth(v) + 1, j + 1, its recorded
 //    probability). Only candidates with f >= min_f and above the max_new-th largest f in the tree

@@ -1,5 +1,6 @@
 // The recycled candidates: the table (rows, growth, bounds), rescoring and best-first expansion of a
 // tree, and the drafter's intake and drafting with them.
+#include <cstdint>
 #include <stdexcept>
 #include <vector>
 
@@ -35,15 +36,16 @@ TEST(recycled_table_rows) {
   const int32_t ids[] = {1, 2, 3, 4, 5, 6, 7, 8, 9};  // width 3: only the first 2 are kept
   const float probs[] = {0.5f, 0.25f, 0.1f, 0.6f, 0.3f, 0.1f, 0.7f, 0.2f, 0.1f};
   table.update(tokens, 3, ids, probs, 3);
-  const int32_t* row = nullptr;
-  const float* p = nullptr;
-  CHECK_EQ(table.lookup(3, &row, &p), 2);  // the later row of token 3 won
-  CHECK_EQ(row[0], 7);
-  CHECK_EQ(row[1], 8);
-  CHECK_EQ(table.lookup(4, &row, &p), 2);
-  CHECK_EQ(table.lookup(5, &row, &p), 0);
-  CHECK_EQ(table.lookup(-1, &row, &p), 0);
-  CHECK_EQ(table.lookup(1 << 30, &row, &p), 0);
+  const sssd::RecycledCandidate* row = nullptr;
+  CHECK_EQ(table.lookup(3, &row), 2);  // the later row of token 3 won
+  CHECK_EQ(row[0].id, 7);
+  CHECK_EQ(row[1].id, 8);
+  CHECK(row[1].prob == 0.2f);
+  CHECK_EQ(reinterpret_cast<uintptr_t>(row - 3 * 2) % 64, 0u);  // the table starts on a cache line
+  CHECK_EQ(table.lookup(4, &row), 2);
+  CHECK_EQ(table.lookup(5, &row), 0);
+  CHECK_EQ(table.lookup(-1, &row), 0);
+  CHECK_EQ(table.lookup(1 << 30, &row), 0);
   CHECK_EQ(table.rows_recorded(), 2);
   const int32_t past[] = {10, 1 << 30};  // at or past the vocabulary: not recorded
   table.update(past, 2, ids, probs, 3);
@@ -63,22 +65,25 @@ TEST(recycled_pair_rows) {
   const int32_t ids[] = {5, 6, 7, 8, 9, 9};  // width 2; row 2 repeats 9: kept once
   const float probs[] = {0.5f, 0.25f, 0.6f, 0.3f, 0.7f, 0.2f};
   table.update(tokens, 3, ids, probs, 2, prev);
-  const int32_t* row = nullptr;
-  const float* p = nullptr;
-  CHECK_EQ(table.lookup_pair(1, 3, &row, &p), 2);  // (1, 3): the first row (the second had no prev)
-  CHECK_EQ(row[0], 5);
-  CHECK_EQ(table.lookup(3, &row, &p), 2);  // token 3: the later row
-  CHECK_EQ(row[0], 7);
-  CHECK_EQ(table.lookup_pair(3, 4, &row, &p), 1);
-  CHECK_EQ(table.lookup_pair(2, 3, &row, &p), 0);
-  CHECK_EQ(table.lookup_pair(-1, 3, &row, &p), 0);
+  const sssd::RecycledCandidate* row = nullptr;
+  CHECK_EQ(table.lookup_pair(1, 3, &row), 2);  // (1, 3): the first row (the second had no prev)
+  CHECK_EQ(row[0].id, 5);
+  CHECK_EQ(table.lookup(3, &row), 2);  // token 3: the later row
+  CHECK_EQ(row[0].id, 7);
+  CHECK_EQ(table.lookup_pair(3, 4, &row), 1);
+  table.update(tokens + 2, 1, ids, probs, 2, prev + 2);  // (3, 4) again, two distinct ids: the row grows
+  CHECK_EQ(table.lookup_pair(3, 4, &row), 2);
+  table.update(tokens + 2, 1, ids + 4, probs + 4, 2, prev + 2);  // and shrinks back (no stale entry)
+  CHECK_EQ(table.lookup_pair(3, 4, &row), 1);
+  CHECK_EQ(table.lookup_pair(2, 3, &row), 0);
+  CHECK_EQ(table.lookup_pair(-1, 3, &row), 0);
   sssd::RecycledTable none(2, 10);  // no pair slots: no pair rows
   none.update(tokens, 3, ids, probs, 2, prev);
-  CHECK_EQ(none.lookup_pair(1, 3, &row, &p), 0);
+  CHECK_EQ(none.lookup_pair(1, 3, &row), 0);
   sssd::RecycledTable one(2, 10, 1);  // one slot: the latest pair holds it
   one.update(tokens, 3, ids, probs, 2, prev);
-  CHECK_EQ(one.lookup_pair(1, 3, &row, &p), 0);
-  CHECK_EQ(one.lookup_pair(3, 4, &row, &p), 1);
+  CHECK_EQ(one.lookup_pair(1, 3, &row), 0);
+  CHECK_EQ(one.lookup_pair(3, 4, &row), 1);
   CHECK_THROWS(sssd::RecycledTable(2, 10, 3), std::invalid_argument);
   CHECK_THROWS(sssd::RecycledTable(2, 10, -1), std::invalid_argument);
   CHECK_EQ(sssd::recycled_match(0, false), 1);
@@ -100,8 +105,9 @@ TEST(recycled_expansion_rescores_and_adds) {
   sssd::expand_recycled(table, nullptr, params, t, scratch);
   CHECK_EQ(t.source[1], sssd::kRescoredSource);  // 7: rank 0 after 5
   CHECK_EQ(t.match_len[1], 1);
-  CHECK_EQ(t.source[2], sssd::kRescoredSource);  // 6: absent
-  CHECK_EQ(t.match_len[2], sssd::kAbsentRank + 1);
+  CHECK_EQ(t.source[2], 1);  // 6: absent from the row, keeps its retrieval score
+  CHECK_EQ(t.match_len[2], 0);
+  CHECK(t.p[2] == 0.25f);
   // new, best first: 8 after 5 (f 0.25, the lower node first), then 9 after 7 (0.25); four nodes are
   // then at f >= 0.25, so 3 after 7 (0.25) would never be among the best four
   CHECK_EQ(t.size(), 5);

@@ -176,13 +176,13 @@ def expand_recycled(
     for v in relevant:  # 1. rescoring
         u = t["parents"][v]
         ids, _, pair = row_of(u)
-        if 0 <= t["source"][v] < RECYCLED and len(ids) and t["match_len"][v] < RESCORE_MAX_MATCH:
-            j = list(ids).index(t["tokens"][v]) if t["tokens"][v] in list(ids) else None
-            match = recycled_match(j, pair) if j is not None else ABSENT_RANK + 1
+        # a node absent from the row keeps its retrieval score
+        if 0 <= t["source"][v] < RECYCLED and t["tokens"][v] in ids and t["match_len"][v] < RESCORE_MAX_MATCH:
+            match = recycled_match(list(ids).index(t["tokens"][v]), pair)
             t["raw"][v] = t["p"][v]
             t["p"][v] = cal(RESCORED, t["depth"][v], match, t["p"][v])
             t["source"][v], t["match_len"][v] = RESCORED, match
-            t["source_mask"][v] |= (1 << RECYCLED) if j is not None else 0
+            t["source_mask"][v] |= 1 << RECYCLED
         t["f"][v] = t["f"][u] * t["p"][v]
     best: list[float] = []  # the max_new largest f (a min-heap); the floor only rises
     floor = [0.0]
