@@ -151,7 +151,8 @@ def test_prompt_lookup_on_a_repetitive_output():
     prompt = np.array([1, 2, 3, 4, 5, 6], np.int32)
     pair = Pair.make(prompt, np.tile(prompt, 3), id="rep")
     r = simulate(PromptLookupDrafter(), [pair], budget=6, batch_size=1)
-    # step 1: context ends in 6 (no earlier 6) -> the next token only; then every step accepts 6 + the next token
+    # step 1: context ends in 6 (no earlier 6) -> the next token only; then every step accepts 6 + the
+    # next token
     assert r.steps == 1 + 3 and r.mal == 18 / 4
 
 

@@ -284,7 +284,8 @@ class Drafter:
         self._native.add_request(check_int(rid, "rid"), _tokens(prompt_ids, "prompt_ids"))
 
     def extend(self, rid: int, new_ids: Any) -> None:
-        """Append the tokens committed by the last step (accepted + the next token). UnknownRequestError if unknown."""
+        """Append the tokens committed by the last step (accepted + the next token). UnknownRequestError if
+        unknown."""
         self._native.extend(check_int(rid, "rid"), _tokens(new_ids, "new_ids"))
 
     def remove_request(self, rid: int, *, add_to_pool: bool | None = None) -> None:

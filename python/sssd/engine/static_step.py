@@ -62,10 +62,11 @@ class CompileError(RuntimeError):
 
 
 def resolve_compile(compile: bool | str, device: torch.device, attention: str, explicit_attention: bool):
-    """The mode of ``EngineConfig.compile`` on ``device``: None (the eager forward) or one of ``COMPILE_MODES`` /
-    ``"backend:NAME"``. ``"auto"``: CUDA graphs on CUDA (unless the CUDA tree kernel was asked for by
-    name: it runs eagerly), eager on the CPU, where compiling does not pay; ``True``: torch.compile.
-    With ``"auto"``, the environment variable ``SSSD_COMPILE`` (``0``/``1`` or a mode) decides instead."""
+    """The mode of ``EngineConfig.compile`` on ``device``: None (the eager forward) or one of
+    ``COMPILE_MODES`` / ``"backend:NAME"``. ``"auto"``: CUDA graphs on CUDA (unless the CUDA tree kernel
+    was asked for by name: it runs eagerly), eager on the CPU, where compiling does not pay; ``True``:
+    torch.compile. With ``"auto"``, the environment variable ``SSSD_COMPILE`` (``0``/``1`` or a mode)
+    decides instead."""
     if compile == "auto" and os.environ.get("SSSD_COMPILE", "auto") != "auto":
         env = os.environ["SSSD_COMPILE"]
         compile = {"0": False, "false": False, "1": True, "true": True}.get(env.lower(), env)
@@ -79,7 +80,8 @@ def resolve_compile(compile: bool | str, device: torch.device, attention: str, e
         return None
     if compile == "cudagraph" and device.type != "cuda":
         raise ValueError(f"compile='cudagraph' needs a CUDA device, the model is on {device}")
-    if compile in COMPILE_MODES or (isinstance(compile, str) and compile.startswith("backend:") and len(compile) > 8):
+    named = isinstance(compile, str) and compile.startswith("backend:") and len(compile) > 8
+    if compile in COMPILE_MODES or named:
         return compile
     raise ValueError(
         f"compile must be True, False, 'auto', one of {COMPILE_MODES} or 'backend:NAME', got {compile!r}"

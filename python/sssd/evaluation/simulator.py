@@ -2,8 +2,9 @@
 
 Each step the drafter proposes a tree per active request for the context prompt + output[:i]; the
 accepted length is the longest root path whose tokens equal output[i:]; the request then commits the
-accepted tokens plus the model's next token (output[i + accepted]), i.e. advances by accepted + 1 (capped at the
-end of the output), exactly as greedy verification would with the model that produced the outputs.
+accepted tokens plus the model's next token (output[i + accepted]), i.e. advances by accepted + 1
+(capped at the end of the output), exactly as greedy verification would with the model that produced
+the outputs.
 Requests run batched and continuously: up to ``batch_size`` are active, a finished one is removed from
 the drafter (its recent-outputs pool sees it) and the next pair joins.
 """
