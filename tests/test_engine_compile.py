@@ -22,8 +22,8 @@ import pytest
 import torch
 from engine_runs import join_and_leave
 from sssd.engine.adapter import ModelAdapter
+from sssd.engine.backends import ancestor_matrix
 from sssd.engine.engine import Engine, EngineConfig
-from sssd.engine.masks import ancestor_matrix
 from sssd.engine.sampling import SamplingParams, target_probs
 from sssd.engine.static_step import (
     Bucket,

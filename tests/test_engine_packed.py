@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 from sssd.engine.adapter import ModelAdapter
+from sssd.engine.backends import ancestor_bits
 from sssd.engine.engine import Engine, EngineConfig
-from sssd.engine.masks import ancestor_bits
 from sssd.engine.trees import Tree, TreeBatch
 from sssd.kernels import tree_attention as cuda_ops
 from sssd.kernels.reference import ancestor_masks

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from sssd.engine.adapter import StepOutput
 from sssd.engine.engine import Engine, EngineConfig
-from sssd.engine.head import StepOutput
 from sssd.engine.trees import Tree, TreeBatch
 from sssd.engine.verify import subtrees, verify_step
 from sssd.policy.head_cost import HeadCost

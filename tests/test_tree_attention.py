@@ -14,8 +14,8 @@ from sssd.engine.attention import (
     tree_attention,
     tree_attention_reference,
 )
+from sssd.engine.backends import ancestor_matrix, dense_visibility
 from sssd.engine.kv_cache import CacheShape, KVCache
-from sssd.engine.masks import ancestor_matrix, dense_visibility
 from sssd.engine.trees import Tree, TreeBatch
 from tiny_models import FAMILIES, tiny_model
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 from sssd.engine.acceptance import child_index, children_lists
+from sssd.engine.adapter import StepOutput
 from sssd.engine.attention import commit_reference
-from sssd.engine.head import StepOutput
+from sssd.engine.backends import ancestor_bits, ancestor_rows, dense_visibility, padded_ancestors
 from sssd.engine.kv_cache import CacheShape, KVCache
-from sssd.engine.masks import ancestor_bits, ancestor_rows, dense_visibility, padded_ancestors
 from sssd.engine.trees import AcceptedPaths, Tree, TreeBatch, chain_tree, root_trees
 from sssd.engine.verify import ChildLookup, subtrees, verify_step
 from sssd.kernels.reference import ancestor_masks

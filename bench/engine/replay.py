@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from functools import partial
 
 import numpy as np
-from sssd.engine.tree_batch import AcceptedPaths
+from sssd.engine.trees import AcceptedPaths
 
 
 class Replay:

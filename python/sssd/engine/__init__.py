@@ -5,11 +5,11 @@ requests in and out of the batch (``lifecycle``: queueing from any thread, admis
 ``runs``: ``generate`` and ``stream``; ``threads``: the threading contract), the requests themselves
 (``requests``, ``chat``, ``detokenize``), the model adapter that drives the model through its public
 extension points (``adapter``; ``shadow``: the engine's own view of the user's model, which it never
-switches), the registered tree attention as one plan/run backend per way of running it (``backends``,
-``attention``), the output head applied lazily (``head``), the static-shape forward compiled or
-captured per bucket (``static_step``), the KV cache (``kv_cache``), the step's trees as one flat batch
-and its accepted paths (``tree_batch``), checking a drafter's batch into it (``trees``) and its masks
-(``masks``), verification (``verify`` for a step, ``acceptance`` for the per-node greedy / sampling /
+switches; the forward's output with the output head applied lazily), the registered tree attention as
+one plan/run backend per way of running it and the masks its plans hold (``backends``, ``attention``),
+the static-shape forward compiled or captured per bucket (``static_step``), the KV cache (``kv_cache``),
+the step's trees as one flat batch, its accepted paths and the check of a drafter's batch into it
+(``trees``), verification (``verify`` for a step, ``acceptance`` for the per-node greedy / sampling /
 multi-step rules, ``sampling`` for the target's distribution), and what keeps faults from stranding the
 batch (``recovery``, ``policy_guard``).
 

@@ -8,7 +8,7 @@ Layout used everywhere in this file (one layer):
 
 For a request with ``c`` committed cache rows and a draft tree of ``n`` nodes stored at rows ``c..c+n-1``,
 node ``t`` sees every committed row and the rows of its ancestors and itself (the masks:
-``sssd.engine.masks``).
+``sssd.engine.backends``).
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 
 from sssd.engine.attention import _SDPA_GQA
-from sssd.engine.masks import padded_ancestors
+from sssd.engine.backends import padded_ancestors
 
 COMPILE_MODES = ("static", "inductor", "cudagraph")
 MIN_ROWS = 128  # the smallest rows bucket: short contexts share a graph

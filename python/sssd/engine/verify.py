@@ -22,7 +22,7 @@ import numpy as np
 
 from sssd.engine.acceptance import specinfer_node
 from sssd.engine.sampling import sample_from, target_probs
-from sssd.engine.tree_batch import AcceptedPaths, TreeBatch
+from sssd.engine.trees import AcceptedPaths, TreeBatch
 
 
 class ChildLookup:
