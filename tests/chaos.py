@@ -1,4 +1,4 @@
-"""Every fault at once, for the soak test (tests/test_engine_chaos.py) and its long version
+"""Every fault at once, for the soak test (tests/engine/test_engine_chaos.py) and its long version
 (tests/fault_soak.py chaos): drafter exceptions in every method, malformed drafter outputs of every kind,
 ``KeyboardInterrupt`` at random lines of the engine's code, forwards that fail (prefill, the tree forward,
 the output head; ``RuntimeError`` and ``torch.OutOfMemoryError``), and ``abort()`` from a second thread.

@@ -2,7 +2,7 @@
 
 ``faults``: KeyboardInterrupt at any line of the engine's own code inside ``step()`` (a trace function)
 and exceptions from every drafter method (tokenizer decode failures are covered by
-tests/test_engine_faults.py). The drafter is either the test oracle (drafts the true continuation,
+tests/engine/test_engine_faults.py). The drafter is either the test oracle (drafts the true continuation,
 corrupted) or sssd's retrieval drafter over the requests' own tokens; the reference is greedy decoding.
 Prints, per drafter: steps, faults injected, wrong tokens, lost and unfinished requests, streams
 differing from their results, requests whose cache rows were rebuilt.
@@ -17,13 +17,14 @@ steps, faults injected, and the damage (wrong tokens, lost requests, unfinished,
 their results). Aborted requests count as wrong if their partial output is not a prefix of the reference.
 
 In both, after the faults stop the engine must finish every request. The suite runs both on a few seeds
-(tests/test_fault_soak.py, marked slow); the long versions:
+(tests/engine/test_fault_soak.py, marked slow); the long versions:
 
     OMP_NUM_THREADS=1 PYTHONPATH=python:tests python3 tests/fault_soak.py faults [--seeds 100]
     OMP_NUM_THREADS=1 PYTHONPATH=python:tests python3 tests/fault_soak.py chaos [--seeds 40]
 
 ``sweep``: not random at all: ``KeyboardInterrupt`` and ``RuntimeError`` at every line of one step, eager
-and compiled (tests/interrupt_sweep.py; the suite runs a stride of it, tests/test_engine_interrupt_sweep.py):
+and compiled (tests/interrupt_sweep.py; the suite runs a stride of it,
+tests/engine/test_engine_interrupt_sweep.py):
 
     OMP_NUM_THREADS=1 PYTHONPATH=python:tests python3 tests/fault_soak.py sweep [--stride 1]
 """

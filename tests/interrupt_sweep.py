@@ -14,13 +14,13 @@ has its own attention implementation and train mode (right after the exception t
 graph (the lines inside it are not Python lines of sssd and are not counted).
 
 A ``RuntimeError`` raised where the engine calls the tokenizer's ``decode`` is the tokenizer's failure,
-which ends that request with ``finish_reason="error"`` by design (tests/test_engine_faults.py), and one
+which ends that request with ``finish_reason="error"`` by design (tests/engine/test_engine_faults.py), and one
 raised where a bucket's compiled function is first called (or inside its own frame) is the compiler's,
 which makes the forward eager by design: those lines (``BY_DESIGN``) are counted but raise nothing in the
 ``RuntimeError`` sweep. Everywhere else the compiled forward must survive (an exception around it must
 not turn compilation off).
 
-tests/test_engine_interrupt_sweep.py runs it in CI over a stride of the lines; the whole sweep:
+tests/engine/test_engine_interrupt_sweep.py runs it in CI over a stride of the lines; the whole sweep:
 
     OMP_NUM_THREADS=1 PYTHONPATH=python:tests python3 tests/fault_soak.py sweep
 """

@@ -1,4 +1,4 @@
-"""Strategies and checks shared by the native fuzz targets (tests/test_native_fuzz*.py).
+"""Strategies and checks shared by the native fuzz targets (tests/drafter/test_native_fuzz*.py).
 
 Every target calls one entry of ``sssd._core`` with malformed input (wrong dtypes, shapes and layouts,
 NaN/inf, negative or huge values, empty arrays, non-arrays) and accepts exactly two outcomes: a Python

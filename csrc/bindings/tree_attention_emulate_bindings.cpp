@@ -1,6 +1,6 @@
 // Binding of the host emulation of the CUDA tree attention kernel (csrc/cuda/tree_attention_emulate.h) into
 // sssd._core, so that CPU-only test runs check the kernel's tiling, splits and merge against the torch
-// float64 reference (tests/test_cuda_ops.py). Dense float32 numpy arrays only; the layout is the kernel's.
+// float64 reference (tests/kernels/test_cuda_ops.py). Dense float32 numpy arrays only; the layout is the kernel's.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 

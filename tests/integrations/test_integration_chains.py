@@ -1,6 +1,6 @@
 """One draft chain per request, chosen from the fused tree and ranked batch-wide (sssd.integrations), and
 the vLLM proposer's engine-neutral part driven by a simulated serving loop (vLLM itself is tested in
-tests/vllm/, in its own virtual environment)."""
+tests/integrations/test_vllm_proposer.py, in its own virtual environment)."""
 
 from __future__ import annotations
 

@@ -101,7 +101,8 @@ def flip_each(raw: bytes, positions, bad: Path, contexts) -> list[int]:
 
 def test_every_damaged_byte_is_an_error(tmp_path):
     """Every byte of a file is covered: the header by its checksum, the sections by the content
-    checksum (checked on first use), a stored search index by its own (tests/test_search_stored_index).
+    checksum (checked on first use), a stored search index by its own
+    (tests/datastore/test_search_stored_index).
     A flipped bit anywhere raises DatastoreError at open or on the first search / document()."""
     rng = np.random.default_rng(7)
     docs = [rng.integers(0, 6, size=int(rng.integers(1, 16))).tolist() for _ in range(20)]

@@ -1,6 +1,7 @@
 """Fuzz targets for the array entries of sssd._core: selection, allocation, tree buffers, isotonic fit,
 calibration tables, search parameters and the tree-attention emulation (the datastore and drafter
-entries: tests/test_native_fuzz_datastore.py). See tests/native_fuzz.py for what a target accepts."""
+entries: tests/datastore/test_native_fuzz_datastore.py). See tests/native_fuzz.py for what a target
+accepts."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from sssd.cli.helpfmt import DefaultsHelpFormatter
 
 from datastore_tools.cli import make_parser as build_parser
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "cli.md"
 # options allowed without a help text (none)
 NO_HELP_YET: set[tuple[str, str]] = set()
 

@@ -1,6 +1,6 @@
 """Fuzz targets for the datastore and drafter entries of sssd._core: Builder, Datastore (crafted and
 damaged files included), search and every Drafter method. See tests/native_fuzz.py for what a target
-accepts; the targets of the array entries are in tests/test_native_fuzz.py."""
+accepts; the targets of the array entries are in tests/drafter/test_native_fuzz.py."""
 
 from __future__ import annotations
 

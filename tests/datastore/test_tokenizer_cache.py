@@ -18,7 +18,7 @@ from datastore_tools import cli, tokenizer_cache, tokenizing
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TEXTS = ["the cat sat on the mat", "def add ( a , b ) : return a + b", "hello <|im_start|> world"]
 
 

@@ -456,7 +456,7 @@ def _run_script(args: list[str], tmp_path) -> dict:
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     out = tmp_path / "rows.json"
     proc = subprocess.run(
         [sys.executable, str(root / "bench" / args[0]), *args[1:], "--out", str(out)],

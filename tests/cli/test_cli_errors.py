@@ -18,7 +18,7 @@ from sssd.cli.errors import describe, missing_dependency
 
 from datastore_tools.cli import main as build_main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """Fuzz target for sssd._core.expand_recycled (the oracle entry of the recycled candidates; the drafter's
-top-k intake is fuzzed with the other Drafter methods in tests/test_native_fuzz_datastore.py)."""
+top-k intake is fuzzed with the other Drafter methods in tests/datastore/test_native_fuzz_datastore.py)."""
 
 from __future__ import annotations
 

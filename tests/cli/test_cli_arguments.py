@@ -93,7 +93,7 @@ def test_the_package_version_is_the_project_version():
 
     import sssd
 
-    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
     if not pyproject.is_file():
         pytest.skip("an installed copy, not a checkout")
     # tomllib is Python 3.11+; the project supports 3.10: the one line is read directly

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 make_pairs = pytest.importorskip("tools.make_pairs")
-DEV = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "smollm2_dev_pairs.jsonl"
+DEV = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "smollm2_dev_pairs.jsonl"
 
 
 def test_prompts_match_the_dev_pairs():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench" / "engine"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "engine"))
 from bench_budgets import repeated_share
 
 

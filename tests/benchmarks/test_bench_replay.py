@@ -15,7 +15,7 @@ from sssd.engine.trees import Tree
 from tiny_models import VOCAB, tiny_model
 from toy_drafters import OracleDrafter
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench" / "engine"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "engine"))
 from replay import Replay
 
 torch.set_num_threads(1)
