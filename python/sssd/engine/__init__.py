@@ -11,7 +11,7 @@ the static-shape forward compiled or captured per bucket (``static_step``), the 
 the step's trees as one flat batch, its accepted paths and the check of a drafter's batch into it
 (``trees``), verification (``verify`` for a step, ``acceptance`` for the per-node greedy / sampling /
 multi-step rules, ``sampling`` for the target's distribution), and what keeps faults from stranding the
-batch (``recovery``, ``policy_guard``).
+batch (``recovery``: the drafter's and the policy's guards, the repair of the cache).
 
 Imports: torch, transformers, ``sssd.kernels`` (the GPU attention), ``sssd.policy`` (the budget policy
 interface), ``sssd.checks`` (argument checks), ``sssd.batch`` (the algebra of a flat batch of draft

@@ -23,7 +23,7 @@ has ``observe(record)`` and optionally ``select(view, batch)``. Optional hooks: 
 ``BudgetPolicy`` (``budget_mode="adaptive"``: the goodput-optimal global budget in 0..``budget`` each step)
 or a fixed budget (``budget_mode="fixed"`` or ``"per_request"``: ``sssd.policy.budget_mode``, the one way
 to set it). A request's own ``budget`` (given to ``add_request``) overrides the plan for that request.
-What a policy returns is checked (``sssd.engine.policy_guard``): a misbehaving policy costs a step its
+What a policy returns is checked (``sssd.engine.recovery``): a misbehaving policy costs a step its
 speculation, never a request.
 
 Threads: one thread drives the engine (``step``, ``generate``, ``stream``); ``add_request``, ``abort``,
@@ -55,8 +55,7 @@ from sssd.datastore.compat import check_for_model, drafter_datastores
 from sssd.engine.adapter import ATTENTION_BACKENDS, ModelAdapter
 from sssd.engine.detokenize import DecodeError
 from sssd.engine.lifecycle import RequestsMixin, view_of
-from sssd.engine.policy_guard import PolicyGuard
-from sssd.engine.recovery import DrafterGuard
+from sssd.engine.recovery import DrafterGuard, PolicyGuard
 from sssd.engine.recycle import TopKRecorder
 from sssd.engine.requests import GenerationResult, Request, StreamEvent
 from sssd.engine.runs import RunsMixin

@@ -65,7 +65,9 @@ class EngineStats:
     drafter_errors: int = 0  # drafter exceptions and refused or cut drafts (the requests decoded plainly)
     request_errors: int = 0  # requests finished with finish_reason="error" (their own input failed)
     repaired: int = 0  # requests whose KV cache rows were rebuilt after a step was interrupted
-    policy_errors: int = 0  # policy hooks that raised or returned something malformed (see policy_guard)
+    policy_errors: int = (
+        0  # policy hooks that raised or returned something malformed (see sssd.engine.recovery)
+    )
     compiles: int = 0  # shape buckets of the verification forward compiled or captured (EngineConfig.compile)
     compile_time: float = 0.0  # seconds they took (not counted in the step and forward times)
     # the most recent steps (EngineConfig.history_size of them); the totals above cover every step

@@ -18,7 +18,7 @@ A step's walk through the policy: ``plan(view)`` -> the size to propose at (0: p
 call); ``propose_kwargs(view)`` -> extra drafter arguments; ``decide(view, batch)`` -> a ``Decision``
 (a frozen value: the batch to verify, the budget, the predictions and what the feedback needs);
 ``observe(decision, step)`` learns from the measured step (``StepRecord``). Nothing is handed from one
-call to the next inside the policy: the engine carries the decision (``sssd.engine.policy_guard``). The
+call to the next inside the policy: the engine carries the decision (``sssd.engine.recovery``). The
 settings are ``sssd.policy.config.BudgetConfig``, the per-request state
 ``sssd.policy.requests.RequestLedger``, the pure budget functions ``sssd.policy.goodput``. The engine also
 takes simpler policies (``plan`` and ``observe(step)`` only, e.g. ``FixedBudget``): see
