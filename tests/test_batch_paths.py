@@ -28,13 +28,13 @@ def random_batch(rng: np.random.Generator, b: int, vocab: int = 4) -> Flat:
     return Flat(np.asarray(toks, np.int32), np.asarray(pars, np.int32), np.asarray(offs, np.int64))
 
 
-def random_paths(rng: np.random.Generator, batch: Flat) -> list[list[int]]:
-    """A random path from each root (node indices within the tree)."""
+def random_paths(rng: np.random.Generator, batch, go_on: float = 0.8) -> list[list[int]]:
+    """A random path from each root (node indices within the tree), one more node with chance ``go_on``."""
     out = []
     for t in range(len(batch.offsets) - 1):
         a, e = int(batch.offsets[t]), int(batch.offsets[t + 1])
         path = [0]
-        while rng.random() < 0.8:
+        while rng.random() < go_on:
             kids = [v for v in range(1, e - a) if batch.parents[a + v] == path[-1]]
             if not kids:
                 break

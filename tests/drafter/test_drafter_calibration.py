@@ -7,6 +7,7 @@ import pytest
 import sssd
 from sssd.batch import on_path_mask
 from sssd.drafter import calibration as cal
+from test_batch_paths import random_paths
 
 
 def synthetic(n=20000, seed=0):
@@ -185,16 +186,7 @@ def test_observe_records_what_token_matching_recorded(seed):
         d.add_request(r, rng.integers(0, 6, 40).astype(np.int32))
     for step in range(12):
         b = d.propose(list(range(5)), budget=int(rng.integers(1, 40)))
-        paths = []
-        for t in range(5):
-            a, e = int(b.offsets[t]), int(b.offsets[t + 1])
-            path = [0]
-            while rng.random() < 0.7:
-                kids = [v for v in range(1, e - a) if b.parents[a + v] == path[-1]]
-                if not kids:
-                    break
-                path.append(int(rng.choice(kids)))
-            paths.append(path)
+        paths = random_paths(rng, b, go_on=0.7)
         tokens = [[int(b.tokens[b.offsets[t] + v]) for v in p[1:]] for t, p in enumerate(paths)]
         assert np.array_equal(on_path_mask(b, paths=paths), on_path_mask(b, tokens=tokens))
         if step % 2:
