@@ -1,8 +1,8 @@
 """``--dtype auto`` on a CPU: float32 or bfloat16, chosen by timing this machine's forwards rather than by
 its CPU flags. A flag says the CPU has bfloat16 instructions, not whether torch's kernels for this model
-are faster with them: on one AMD CPU with AVX512-BF16 plain bfloat16 decoding ran 1.41x float32, on an
-Intel CPU with AMX a one-token bfloat16 forward is slower than float32 while a 17-token one takes 0.6 of
-its time.
+are faster with them: on some CPUs with bfloat16 instructions plain bfloat16 decoding is faster than
+float32, on others a one-token bfloat16 forward is slower while a many-token one is faster (figures in
+docs/benchmarks.md).
 
 The probe times a few of the engine's own forwards in each dtype (after a warm-up), of 1 token (a plain
 decoding step) and of 17 tokens (a step verifying a draft tree of 16 nodes), after a short committed
