@@ -15,8 +15,8 @@ from types import SimpleNamespace
 
 import numpy as np
 import torch
+from faults import FaultyDrafter, Interrupter
 from sssd.engine.engine import Engine, EngineConfig
-from test_engine_faults import FaultyDrafter, _Interrupter
 from tiny_models import VOCAB, tiny_model
 from toy_drafters import OracleDrafter
 
@@ -200,7 +200,7 @@ def run_chaos(prompts, params, refs, seed: int, rates: ChaosRates, max_steps: in
     drafter = ChaosDrafter(OracleDrafter(VOCAB, truth, 0.2, seed), rates.drafter, rates.malformed, seed)
     engine = Engine(tiny_model("llama"), drafter=drafter, config=EngineConfig(budget=8, max_batch_size=4))
     forwards = FlakyForwards(engine, rates.forward, seed)
-    trace = _Interrupter(rate=rates.interrupt, seed=seed)
+    trace = Interrupter(rate=rates.interrupt, seed=seed)
     rng = np.random.default_rng(seed)
     n = len(prompts)
     victims = [int(r) for r in rng.permutation(n)[: int(rates.abort * n)]]

@@ -42,9 +42,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/: the fault in
 import sssd
 import torch
 from chaos import ChaosRates, reference, run_chaos
+from faults import FaultyDrafter, Interrupter, run_to_end
 from sssd.engine.engine import Engine, EngineConfig
 from sssd.engine.sampling import SamplingParams
-from test_engine_faults import FaultyDrafter, _Interrupter, _run_to_end
 from tiny_models import VOCAB, hf_greedy, tiny_model
 
 PROMPTS = [[9, 3, 4], [2, 8], [5, 5, 6, 7], [11, 12], [20, 21, 22], [30, 4], [40, 41], [7, 7, 7]]
@@ -60,14 +60,14 @@ def soak(kind: str, seed: int, refs: list[list[int]], args) -> dict[str, int]:
     drafter = FaultyDrafter(inner, p=args.drafter_p, seed=seed)
     engine = Engine(tiny_model("llama"), drafter=drafter, config=EngineConfig(budget=8, max_batch_size=4))
     rids = [engine.add_request(p, max_new_tokens=args.new_tokens, eos_token_ids=()) for p in PROMPTS]
-    trace = _Interrupter(rate=args.rate, seed=seed)
+    trace = Interrupter(rate=args.rate, seed=seed)
 
     def stop_faults(step: int) -> None:
         if step == args.fault_steps:  # the faults stop; every request must then finish
             trace.on, drafter.armed = False, False
 
     streamed: dict[int, list[int]] = {}
-    results, interrupts = _run_to_end(
+    results, interrupts = run_to_end(
         engine, len(rids), max_steps=5000, trace=trace, before_step=stop_faults, streamed=streamed
     )
     wrong = sum(

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 from chaos import ChaosRates, FlakyForwards, reference, run_chaos, traced
+from faults import Interrupter
 from sssd.engine.engine import Engine, EngineConfig
 from sssd.engine.sampling import SamplingParams
-from test_engine_faults import _Interrupter
 from tiny_models import VOCAB, tiny_model
 from toy_drafters import OracleDrafter, RandomTreeDrafter
 
@@ -61,7 +61,7 @@ def test_seeded_samples_survive_interrupts_anywhere(sampled):
     engine = Engine(
         tiny_model("llama"), drafter=RandomTreeDrafter(VOCAB, "random", seed=2), config=EngineConfig(budget=8)
     )
-    trace = _Interrupter(rate=0.0004, seed=3)  # ~1900 engine lines per step of 8 sampling requests
+    trace = Interrupter(rate=0.0004, seed=3)  # ~1900 engine lines per step of 8 sampling requests
     got = _run(engine, trace=trace)
     assert trace.fired > 20
     assert got == sampled

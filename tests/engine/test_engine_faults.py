@@ -5,55 +5,16 @@ found it."""
 from __future__ import annotations
 
 import gc
-import sys
 import tracemalloc
-from pathlib import Path
 
-import numpy as np
 import pytest
-import sssd
 import torch
+from faults import METHODS, FaultyDrafter, Interrupter, run_to_end
 from sssd.engine.engine import Engine, EngineConfig
 from tiny_models import VOCAB, TinyTokenizer, hf_greedy, tiny_model
 from toy_drafters import OracleDrafter
 
 torch.set_num_threads(1)
-
-ENGINE_DIR = str(Path(sssd.__file__).parent / "engine")
-HAND_OUT = {"_hand_out", "handed_out"}
-METHODS = ("add_request", "extend", "propose", "observe", "remove_request")
-
-
-class FaultyDrafter:
-    """Wraps a drafter; each call of a method in ``methods`` raises with probability ``p`` (or exactly at
-    the calls listed in ``at``) while ``armed``."""
-
-    def __init__(self, inner, p=0.0, methods=METHODS, seed=0, at=None):
-        self.inner, self.p, self.methods = inner, p, set(methods)
-        self.rng = np.random.default_rng(seed)
-        self.at = at or {}
-        self.calls = dict.fromkeys(METHODS, 0)
-        self.raised = 0
-        self.armed = True
-
-    def _maybe_fail(self, name):
-        self.calls[name] += 1
-        if not self.armed or name not in self.methods:
-            return
-        if self.calls[name] in self.at.get(name, ()) or self.rng.random() < self.p:
-            self.raised += 1
-            raise RuntimeError(f"injected {name} failure")
-
-    def __getattr__(self, name):
-        if name in METHODS:
-            fn = getattr(self.inner, name)
-
-            def call(*a, **k):
-                self._maybe_fail(name)
-                return fn(*a, **k)
-
-            return call
-        raise AttributeError(name)
 
 
 PROMPTS = [[9, 3, 4], [2, 8], [5, 5, 6, 7], [11, 12], [20, 21, 22], [30, 4]]
@@ -68,38 +29,6 @@ def refs():
 def _oracle(refs, p_wrong=0.2, seed=0):
     return OracleDrafter(VOCAB, {i: p + r for i, (p, r) in enumerate(zip(PROMPTS, refs, strict=True))},
                          p_wrong=p_wrong, seed=seed)  # fmt: skip
-
-
-def _run_to_end(engine, n, max_steps=2000, trace=None, before_step=None, streamed=None):
-    """Step until every request finished, swallowing injected KeyboardInterrupts; returns the results.
-    ``trace``: the tracing interrupter, set again after each interrupt (Python drops a trace function
-    that raised); ``before_step(i)``: called before step i (from 1); ``streamed``: a dict that collects
-    each request's tokens from the events."""
-    results, interrupts = {}, 0
-    for i in range(1, max_steps + 1):
-        if not engine.has_unfinished():
-            break
-        if before_step is not None:
-            before_step(i)
-        try:
-            sys.settrace(trace)  # inside step() only (Python also drops a trace function that raised)
-            try:
-                events = engine.step()
-            finally:
-                sys.settrace(None)
-            for e in events:
-                if streamed is not None:
-                    streamed.setdefault(e.request_id, []).extend(e.tokens)
-                if e.finished:
-                    results[e.request_id] = e.result
-        except KeyboardInterrupt:
-            interrupts += 1
-    for rid in range(n):  # results of requests retired by a repair (their last event was lost)
-        if rid not in results:
-            res = engine.result(rid)
-            if res is not None:
-                results[rid] = res
-    return results, interrupts
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -125,25 +54,6 @@ def test_a_drafter_that_always_fails_decodes_plainly(refs):
     assert drafter.calls["add_request"] < engine.stats.steps * len(PROMPTS) / 2
 
 
-class _Interrupter:
-    """A trace function raising KeyboardInterrupt at a random line of the engine's own code."""
-
-    def __init__(self, rate, seed):
-        self.rate, self.rng, self.fired, self.on = rate, np.random.default_rng(seed), 0, True
-
-    def __call__(self, frame, event, arg):
-        # everywhere in the engine but the hand-out of a step's events (see engine._hand_out)
-        if not frame.f_code.co_filename.startswith(ENGINE_DIR) or frame.f_code.co_name in HAND_OUT:
-            return None
-        return self._line
-
-    def _line(self, frame, event, arg):
-        if event == "line" and self.on and self.rng.random() < self.rate:
-            self.fired += 1
-            raise KeyboardInterrupt
-        return self._line
-
-
 @pytest.mark.parametrize("seed", range(6))
 def test_interrupts_and_drafter_faults_at_random_never_cost_a_token(refs, seed):
     """Thousands of engine lines with random KeyboardInterrupts and drafter exceptions: the outputs equal
@@ -151,9 +61,9 @@ def test_interrupts_and_drafter_faults_at_random_never_cost_a_token(refs, seed):
     drafter = FaultyDrafter(_oracle(refs, seed=seed), p=0.05, seed=seed)
     engine = Engine(tiny_model("llama"), drafter=drafter, config=EngineConfig(budget=8, max_batch_size=3))
     rids = [engine.add_request(p, max_new_tokens=24, eos_token_ids=()) for p in PROMPTS]
-    trace = _Interrupter(rate=0.004, seed=seed)
+    trace = Interrupter(rate=0.004, seed=seed)
     streamed = {}
-    results, interrupts = _run_to_end(engine, len(rids), trace=trace, streamed=streamed)
+    results, interrupts = run_to_end(engine, len(rids), trace=trace, streamed=streamed)
     assert interrupts == trace.fired > 10
     assert sorted(results) == rids  # nobody lost
     for rid in rids:
@@ -176,7 +86,7 @@ def test_an_interrupt_between_the_cache_commit_and_the_tokens_is_repaired(refs):
 
     engine.adapter.commit = commit
     rids = [engine.add_request(p, max_new_tokens=24, eos_token_ids=()) for p in PROMPTS[:2]]
-    results, interrupts = _run_to_end(engine, len(rids))
+    results, interrupts = run_to_end(engine, len(rids))
     assert interrupts == 3 and engine.stats.repaired >= 3
     assert [results[r].tokens for r in rids] == refs[:2]
 
