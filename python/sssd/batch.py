@@ -71,8 +71,10 @@ def take_nodes(batch: Any, keep: np.ndarray) -> Any:
 
 
 def renumbered(offsets: np.ndarray, parents: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``(offsets, parents)`` of the nodes ``keep`` (bool ``[N]``, closed under parents): each kept node's
-    parent renumbered to its position among its tree's kept nodes; dtypes kept."""
+    """``(offsets, parents)`` of the nodes ``keep`` (bool ``[N]``, every tree's root kept, closed under
+    parents): each kept node's parent renumbered to its position among its tree's kept nodes, -1 for the
+    roots; dtypes kept. Only the kept non-root nodes' parents are read, so the nodes dropped (and a
+    dropped tree's root) may hold anything."""
     offsets = np.asarray(offsets)
     parents = np.asarray(parents)
     keep = np.asarray(keep, bool)
@@ -81,9 +83,11 @@ def renumbered(offsets: np.ndarray, parents: np.ndarray, keep: np.ndarray) -> tu
     new_offsets = np.zeros(len(offsets), offsets.dtype)
     np.cumsum(counts, out=new_offsets[1:])
     new_index = np.cumsum(keep) - 1  # [N] position of each kept node in the new batch
-    starts = np.asarray(offsets, np.int64)[tree]
-    parent_glob = np.where(parents >= 0, parents + starts, 0)
-    new_parents = np.where(parents >= 0, new_index[parent_glob] - new_offsets[tree], -1)
+    inner = keep.copy()
+    inner[np.asarray(offsets[:-1], np.int64)] = False  # the kept nodes below a root
+    starts = np.asarray(offsets, np.int64)[tree[inner]]
+    new_parents = np.full(len(parents), -1, np.int64)
+    new_parents[inner] = new_index[parents[inner] + starts] - new_offsets[tree[inner]]
     return new_offsets, new_parents[keep].astype(parents.dtype)
 
 

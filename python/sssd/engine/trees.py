@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from sssd.batch import tree_index
+from sssd.batch import renumbered, tree_index
 
 
 @dataclass(frozen=True)
@@ -152,21 +152,15 @@ class TreeBatch:
         parents renumbered; ``roots`` (``[B]``): the root tokens to set (a refused tree's root is the
         request's token). ``q`` keeps the rows of kept nodes."""
         keep = np.asarray(keep, bool)
-        counts = np.bincount(self.tree_of[keep], minlength=self.num_trees)
-        offsets = np.zeros(self.num_trees + 1, np.int64)
-        np.cumsum(counts, out=offsets[1:])
-        new_index = np.cumsum(keep) - 1
-        inner = keep.copy()
-        inner[self.offsets[:-1]] = False  # kept non-root nodes: their parents are checked ones
-        parents = np.full(self.num_nodes, -1, np.int64)
-        parents[inner] = new_index[self.global_parents[inner]] - offsets[self.tree_of[inner]]
-        tokens, depth = self.tokens[keep], np.where(inner, self.depth, 0)[keep]
+        offsets, parents = renumbered(self.offsets, self.parents, keep)  # a refused root may be malformed
+        tokens, depth = self.tokens[keep], self.depth[keep]
+        depth[parents < 0] = 0
         if roots is not None:
             tokens[offsets[:-1]] = roots
         q, q_index = self.q, None if self.q_index is None else self.q_index[keep]
         if q_index is not None and not (q_index >= 0).any():
             q = q_index = None
-        return TreeBatch(tokens, parents[keep], depth, offsets, q, q_index)
+        return TreeBatch(tokens, parents, depth, offsets, q, q_index)
 
     def placed(self, at: np.ndarray, last_tokens: np.ndarray) -> TreeBatch:
         """A batch of ``len(last_tokens)`` trees: this batch's trees at positions ``at`` (ascending), a
