@@ -1,7 +1,7 @@
 """The recycled candidates (the verifier's own top-k, DrafterConfig.use_recycled) against the same drafter
 without them, side by side in one run.
 
-    OMP_NUM_THREADS=1 PYTHONPATH=python:. python3 bench/drafter/bench_recycled.py [--parts a,b,c]
+    OMP_NUM_THREADS=1 PYTHONPATH=python:. python3 bench/drafter/bench_recycled.py [--parts a,b,c,d]
 
 (a) MAL, teacher-forced: the dev pairs replayed at batch 1 in file order with online calibration (as
     tools/drafter_sanity.py), datastore = smollm2_other_outputs or none, budgets 16 and 64; all 244 pairs
@@ -14,8 +14,12 @@ without them, side by side in one run.
     torch.topk against the argmax that verification computes anyway, on [rows, 49152] logits.
 (c) End to end: SmolLM2-135M-Instruct, the bundled prompts (every kind) and --dev development prompts,
     float32 and bfloat16, batch 1 and 4, greedy, the adaptive policy (cap --budget): plain decoding, the
-    drafter, the drafter + recycled candidates, taking turns prompt by prompt (batch 4: four prompts at a
-    time); tokens/s and MAL per prompt kind, identical-to-plain counts.
+    drafter, the drafter + recycled candidates (the rows verification reads; every verified node's),
+    taking turns prompt by prompt (batch 4: four prompts at a time); tokens/s and MAL per prompt kind,
+    identical-to-plain counts.
+(d) MAL end to end on held-out development prompts (the odd pairs), float32, batch 1, fixed budgets 16
+    and 64, with and without the datastore: the drafter without the source, with the rows verification
+    reads, with every verified node's (DrafterConfig.recycle_rows="all", which a replay cannot feed).
 Speed on a shared machine moves with its load (printed): compare the columns of one run.
 """
 
@@ -200,11 +204,17 @@ def part_c(args) -> None:
     run_engine(args)
 
 
+def part_d(args) -> None:
+    from bench_recycled_engine import run_mal
+
+    run_mal(args, load_pairs(PAIRS)[1::2][: args.mal_prompts])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--parts", default="a,b,c")
     ap.add_argument("--rounds", type=int, default=5, help="(b) timing rounds")
-    ap.add_argument("--new", type=int, default=64, help="(c) new tokens per prompt")
+    ap.add_argument("--new", type=int, default=64, help="(c, d) new tokens per prompt")
     ap.add_argument("--dev", type=int, default=4, help="(c) development prompts besides the bundled ones")
     ap.add_argument(
         "--prompts", type=int, help="(c) the first N bundled prompts, kinds in turn (default: all 12)"
@@ -212,7 +222,10 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=32, help="(c) the adaptive policy's largest budget")
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--batches", default="1,4")
-    ap.add_argument("--threads", type=int, default=1, help="(c) torch threads")
+    ap.add_argument("--threads", type=int, default=1, help="(c, d) torch threads")
+    ap.add_argument("--mal-prompts", type=int, default=24, help="(d) held-out development prompts")
+    ap.add_argument("--mal-stores", default="yes,no", help="(d) with the datastore (yes), without (no)")
+    ap.add_argument("--mal-budgets", default="16,64", help="(d) fixed budgets")
     args = ap.parse_args()
     ds = sssd.Datastore.open(corpora.outputs_datastore())
     parts = args.parts.split(",")
@@ -222,6 +235,8 @@ def main() -> None:
         part_b(ds, args.rounds)
     if "c" in parts:
         part_c(args)
+    if "d" in parts:
+        part_d(args)
 
 
 if __name__ == "__main__":

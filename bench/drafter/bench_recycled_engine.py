@@ -8,7 +8,9 @@ import time
 import corpora
 import sssd
 
-ARMS = ("plain", "sssd", "sssd+recycled")
+# sssd+recycled: the drafter gets the rows verification reads (the root and the accepted nodes);
+# sssd+recycled-all: every verified node's row (recycle_rows="all": the output head on every draft row)
+ARMS = ("plain", "sssd", "sssd+recycled", "sssd+recycled-all")
 
 
 def _prompts(tok, n_dev: int, n_bundled: int | None = None) -> list[tuple[str, str, list[int]]]:
@@ -33,7 +35,14 @@ def _engines(model, tok, ds, batch: int, budget: int) -> dict:
         drafter = (
             None
             if arm == "plain"
-            else sssd.Drafter(ds, sssd.DrafterConfig(use_recycled="recycled" in arm, vocab_size=v))
+            else sssd.Drafter(
+                ds,
+                sssd.DrafterConfig(
+                    use_recycled="recycled" in arm,
+                    recycle_rows="all" if arm.endswith("-all") else "walked",
+                    vocab_size=v,
+                ),
+            )
         )
         cfg = sssd.EngineConfig(budget=0 if drafter is None else budget, max_batch_size=batch,
                                 budget_mode="fixed" if drafter is None else "adaptive")  # fmt: skip
@@ -123,3 +132,45 @@ def run_engine(args) -> None:
         for batch in map(int, args.batches.split(",")):
             got = _run(_engines(model, tok, ds, batch, args.budget), prompts, batch, args.new)
             _table(prompts, got, dtype, batch)
+
+
+MAL_ARMS = ("off", "walked", "all")
+
+
+def run_mal(args, pairs) -> None:
+    """Part (d): mean accepted length end to end on development prompts (the engine, SmolLM2 float32,
+    greedy, batch 1, fixed budgets), without the recycled source, with the rows verification reads
+    ("walked") and with every verified node's ("all"). The teacher-forced replay of part (a) knows the
+    model's top-k only along the reference text, so it cannot feed "all": the engine runs the model."""
+    import torch
+    from sssd.models.loading import load_model
+
+    torch.set_num_threads(args.threads)
+    model, tok, _ = load_model(None, "float32")
+    stores = {"yes": sssd.Datastore.open(corpora.outputs_datastore()), "no": None}
+    print(f"\n(d) MAL end to end: {len(pairs)} held-out development prompts (the odd pairs), {args.new} new "
+          f"tokens each, SmolLM2 float32, greedy, batch 1, fixed budget ({_load()})\n")  # fmt: skip
+    print("| datastore | budget | MAL | + recycled (walked) | ratio | + recycled (all) | ratio | "
+          "tokens | outputs identical |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    for store in args.mal_stores.split(","):
+        for budget in map(int, args.mal_budgets.split(",")):
+            mal, outs = {}, {}
+            for arm in MAL_ARMS:
+                rows = "all" if arm == "all" else "walked"
+                cfg = sssd.DrafterConfig(
+                    use_recycled=arm != "off", recycle_rows=rows, vocab_size=corpora.VOCAB
+                )
+                fixed = sssd.EngineConfig(budget=budget, budget_mode="fixed", max_batch_size=1)
+                engine = sssd.Engine(model, tok, drafter=sssd.Drafter(stores[store], cfg), config=fixed)
+                tokens = steps = 0
+                outs[arm] = []
+                for p in pairs:  # one at a time: each request's own steps
+                    r = engine.generate([p.prompt_ids.tolist()], max_new_tokens=args.new)[0]
+                    tokens, steps = tokens + len(r.tokens), steps + r.stats.steps
+                    outs[arm].append(r.tokens)
+                mal[arm] = tokens / max(steps, 1)
+            same = all(outs[a] == outs["off"] for a in MAL_ARMS)
+            print(f"| {store} | {budget} | {mal['off']:.3f} | {mal['walked']:.3f} | "
+                  f"{mal['walked'] / mal['off']:.3f} | {mal['all']:.3f} | {mal['all'] / mal['off']:.3f} | "
+                  f"{tokens} | {same} |", flush=True)  # fmt: skip

@@ -210,6 +210,12 @@ def test_a_model_without_chat_template_gets_the_raw_text(tiny_dir_no_chat, tmp_p
             "each request's own tokens + recent outputs (no datastore)",
         ),
         ((), "adaptive budget: the best expected goodput in 0..16 draft nodes", "each request's own"),
+        (
+            ("--budget", "4", "--budget-mode", "fixed", "--recycled", "all"),
+            "fixed budget: 4 draft nodes per step for the batch",
+            "each request's own tokens + recent outputs + recycled candidates (the verifier's top-k, "
+            "every verified node's) (no datastore)",
+        ),
     ],
 )
 def test_header_states_the_policy_that_runs(tiny_dir, capsys, flags, policy, drafter):
@@ -218,6 +224,20 @@ def test_header_states_the_policy_that_runs(tiny_dir, capsys, flags, policy, dra
     assert rc == 0 and err.count("note:") == 0
     assert head["policy"].startswith(policy) and head["drafter"].startswith(drafter)
     assert head["model"] == str(tiny_dir)
+
+
+def test_recycled_candidates_change_no_output(tiny_dir, tmp_path, capsys):
+    """--recycled walked / all: the drafter gets the verifier's top-k; greedy output as without."""
+    outs = []
+    for mode in ("off", "walked", "all"):
+        out = tmp_path / f"{mode}.jsonl"
+        argv = ["--prompt", "w1 w2 w3", "--budget", "8", "--budget-mode", "fixed", "--recycled", mode]
+        rc, _, err = _generate(tiny_dir, capsys, *argv, "--output", str(out))
+        assert rc == 0 and "note:" not in err
+        outs.append(json.loads(out.read_text())["output_ids"])
+    assert outs[0] == outs[1] == outs[2]
+    rc, _, err = _generate(tiny_dir, capsys, "--prompt", "w1", "--budget", "0", "--recycled", "all")
+    assert rc == 0 and "--recycled is not used" in err
 
 
 def test_header_states_batch_and_sampling_and_notes_unused_options(tiny_dir, tmp_path, capsys):

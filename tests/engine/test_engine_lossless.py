@@ -162,16 +162,17 @@ def test_stream_yields_tokens_as_accepted():
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 @pytest.mark.parametrize("budget", [8, 64])
-@pytest.mark.parametrize("recycled", [False, True])
+@pytest.mark.parametrize("recycled", ["off", "walked", "all"])
 def test_real_drafter_equals_hf_generate(family, budget, recycled, tmp_path):
     """Trees from sssd's own Drafter over a datastore of the model's outputs on other prompts (and the
-    verifier's own top-k, recycled)."""
+    verifier's own top-k, recycled: of the rows verification reads, or of every verified node)."""
     import sssd
 
     others = make_prompts(12, seed=40)
     docs = [np.asarray(p + reference(family, p), dtype=np.int32) for p in others]
     sssd.build_datastore(docs, tmp_path / "ds.sssd", vocab_size=VOCAB)
-    cfg = sssd.DrafterConfig(use_recycled=recycled, vocab_size=VOCAB)
+    rows = "all" if recycled == "all" else "walked"
+    cfg = sssd.DrafterConfig(use_recycled=recycled != "off", recycle_rows=rows, vocab_size=VOCAB)
     drafter = sssd.Drafter(datastore=sssd.Datastore.open(tmp_path / "ds.sssd"), config=cfg)
     prompts = [o[: max(1, len(o) // 2)] for o in others[:4]] + make_prompts(2, seed=41)
     engine = Engine(
@@ -182,7 +183,7 @@ def test_real_drafter_equals_hf_generate(family, budget, recycled, tmp_path):
     res = engine.generate(prompts, max_new_tokens=NEW, eos_token_ids=())
     assert [r.tokens for r in res] == [reference(family, p) for p in prompts]
     assert engine.stats.accepted > 0
-    assert (drafter.recycled_rows > 0) == recycled and engine.stats.drafter_errors == 0
+    assert (drafter.recycled_rows > 0) == (recycled != "off") and engine.stats.drafter_errors == 0
 
 
 class AlternatingPolicy:

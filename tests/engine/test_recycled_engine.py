@@ -24,8 +24,9 @@ K = 4
 class Spy(sssd.Drafter):
     """The retrieval drafter with the recycled source, keeping every row it is handed."""
 
-    def __init__(self):
-        super().__init__(None, sssd.DrafterConfig(use_recycled=True, recycle_k=K, vocab_size=VOCAB))
+    def __init__(self, rows: str = "walked"):
+        cfg = sssd.DrafterConfig(use_recycled=True, recycle_k=K, vocab_size=VOCAB, recycle_rows=rows)
+        super().__init__(None, cfg)
         self.rows: list[tuple[int, tuple[int, ...]]] = []
 
     def recycle(self, tokens, top_ids, top_probs, prev):
@@ -51,14 +52,38 @@ def test_engine_hands_over_every_verified_row(budget):
         tiny_model("llama"), drafter=drafter, config=EngineConfig(budget=budget, budget_mode="fixed")
     )
     res = engine.generate(prompts(), max_new_tokens=12, eos_token_ids=())
-    # every committed position is read exactly once: the root of a step, or an accepted node
+    # every committed position is read exactly once: the root of a step, or an accepted node; greedy:
+    # the top-1 is what came next; the token before is the context's
+    assert Counter((a, t, ids[0]) for a, t, ids in drafter.rows) == committed_rows(res)
+    assert drafter.recycled_rows > 0 and engine.stats.drafter_errors == 0
+
+
+def committed_rows(res) -> Counter:
+    """(token before, token, greedy next) at every committed position: what a walk reads."""
     want = Counter()
     for p, r in zip(prompts(), res, strict=True):
         full = p + r.tokens
         want.update((full[j - 1], full[j], full[j + 1]) for j in range(len(p) - 1, len(full) - 1))
-    # greedy: the top-1 is what came next; the token before is the context's
-    assert Counter((a, t, ids[0]) for a, t, ids in drafter.rows) == want
-    assert drafter.recycled_rows > 0 and engine.stats.drafter_errors == 0
+    return want
+
+
+def test_engine_hands_over_every_node_when_asked():
+    """recycle_rows="all": one row per verified node (each step's roots and every draft node), the
+    committed positions' rows among them; the output does not change."""
+    cfg = EngineConfig(budget=16, budget_mode="fixed")
+    plain = Engine(tiny_model("llama"), config=EngineConfig(budget=0, budget_mode="fixed"))
+    want = plain.generate(prompts(), max_new_tokens=12, eos_token_ids=())
+    drafter = Spy("all")
+    engine = Engine(tiny_model("llama"), drafter=drafter, config=cfg)
+    res = engine.generate(prompts(), max_new_tokens=12, eos_token_ids=())
+    assert [r.tokens for r in res] == [r.tokens for r in want]
+    roots = sum(len(r.tokens) for r in res) - engine.stats.accepted  # a root per request and step
+    assert engine.stats.nodes > engine.stats.accepted > 0
+    assert len(drafter.rows) == roots + engine.stats.nodes
+    got = Counter((a, t, ids[0]) for a, t, ids in drafter.rows)
+    assert not committed_rows(res) - got  # every committed position's row is among them
+    with pytest.raises(ValueError, match="recycle_rows"):
+        sssd.DrafterConfig(recycle_rows="some")
 
 
 def test_replay_feeds_the_rows_the_engine_does():

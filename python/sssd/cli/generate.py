@@ -72,6 +72,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="adaptive: each step the budget in 0..--budget with the best expected goodput; fixed: "
         "always --budget for the batch; per_request: always --budget for each request",
     )
+    p.add_argument(
+        "--recycled",
+        choices=("off", "walked", "all"),
+        default="off",
+        help="the verifier's own top-k as a fourth drafting source (DrafterConfig.use_recycled): walked: "
+        "the rows verification reads (the root and the accepted nodes); all: every verified node's "
+        "(the output head runs on every draft row)",
+    )
     p.add_argument("--cost-profile", help="cost profile JSON from `sssd profile` (seeds adaptive mode)")
     p.add_argument(
         "--max-new-tokens", type=integer(lo=1), default=256, help="tokens generated per prompt, at most"
@@ -136,7 +144,11 @@ def _use_chat(args: argparse.Namespace, tokenizer: Any) -> bool:
 def _engine(model: Any, tokenizer: Any, ds: Any, args: argparse.Namespace, budget: int) -> Any:
     import sssd
 
-    drafter = sssd.Drafter(datastore=ds) if budget > 0 else None
+    recycled = getattr(args, "recycled", "off")
+    config = sssd.DrafterConfig(
+        use_recycled=recycled != "off", recycle_rows="all" if recycled == "all" else "walked"
+    )
+    drafter = sssd.Drafter(datastore=ds, config=config) if budget > 0 else None
     mode = getattr(args, "budget_mode", "adaptive")
     cfg = sssd.EngineConfig(
         budget=budget,

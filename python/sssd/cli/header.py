@@ -18,6 +18,8 @@ def ignored_options(args: argparse.Namespace) -> list[str]:
             notes.append("--datastore is not used: --budget 0 is plain decoding (no drafting)")
         if args.baseline:
             notes.append("--baseline is not run: --budget 0 is already plain decoding")
+        if getattr(args, "recycled", "off") != "off":
+            notes.append("--recycled is not used: --budget 0 is plain decoding (no drafting)")
     if args.cost_profile and (args.budget == 0 or args.budget_mode != "adaptive"):
         notes.append("--cost-profile is not used: it seeds only --budget-mode adaptive with --budget > 0")
     if args.temperature == 0:
@@ -54,6 +56,10 @@ def _drafter(args: argparse.Namespace, ds: Any) -> str:
     if args.budget == 0:
         return "none"
     sources = "each request's own tokens + recent outputs"
+    recycled = getattr(args, "recycled", "off")
+    if recycled != "off":
+        rows = "every verified node's" if recycled == "all" else "the rows verification reads"
+        sources += f" + recycled candidates (the verifier's top-k, {rows})"
     if ds is None:
         return f"{sources} (no datastore)"
     recorded = "tokenizer checked" if ds.tokenizer_fingerprint else "no tokenizer recorded"

@@ -30,6 +30,9 @@ from sssd.drafter.calibration import CalibrationTable, PathLike, default_table
 UnknownRequestError = _core.UnknownRequestError  # a KeyError and a ValueError
 
 
+RECYCLE_ROWS = ("walked", "all")
+
+
 @dataclass(frozen=True)
 class DrafterConfig:
     """Parameters of the drafter. Lengths are in tokens."""
@@ -42,6 +45,9 @@ class DrafterConfig:
     use_recycled: bool = False
     recycle_k: int = 8  # candidates kept per token (the engine computes this top-k), in [1, 32]
     recycle_from_every_node: bool = True  # False: below the root and recycled nodes only
+    # the rows the engine hands over: "walked" (the root and accepted nodes, whose logits verification
+    # computes anyway) or "all" (every verified node: the output head runs on every draft row)
+    recycle_rows: str = "walked"
     # rows kept per (previous token, token) pair besides the per-token rows: slots of a direct-mapped
     # table (a power of two, 0: none); each costs 9 + 8 * recycle_k bytes, allocated with use_recycled
     recycle_pair_slots: int = 1 << 16
@@ -89,6 +95,8 @@ class DrafterConfig:
             raise ValueError("max_width, max_tree_nodes, pool_max_tokens and vocab_size must be >= 0")
         if not 1 <= self.recycle_k <= 32:
             raise ValueError(f"recycle_k must be in [1, 32], got {self.recycle_k}")
+        if self.recycle_rows not in RECYCLE_ROWS:
+            raise ValueError(f"recycle_rows must be one of {RECYCLE_ROWS}, got {self.recycle_rows!r}")
         slots = self.recycle_pair_slots
         if not 0 <= slots <= 1 << 24 or slots & (slots - 1):
             raise ValueError(f"recycle_pair_slots must be 0 or a power of two <= 2^24, got {slots}")
@@ -106,6 +114,7 @@ class DrafterConfig:
             "slo_slack",
             "calibration_max_prior_weight",
             "online_calibration",
+            "recycle_rows",
         ):
             d.pop(k)
         d["calibrated"] = self.calibration is not None
@@ -316,6 +325,11 @@ class Drafter:
     def recycle_k(self) -> int:
         """The top-k the engine should hand to ``recycle`` after each verification (0: none wanted)."""
         return self.config.recycle_k if self.config.use_recycled else 0
+
+    @property
+    def recycle_rows(self) -> str:
+        """Which verified rows the engine hands to ``recycle``: "walked" or "all" (``DrafterConfig``)."""
+        return self.config.recycle_rows
 
     def recycle(
         self,

@@ -20,8 +20,9 @@ import torch
 class TopKRecorder:
     """The rows of one step: ``add`` per verification level, ``arrays`` once after the step."""
 
-    def __init__(self, k: int):
+    def __init__(self, k: int, every_node: bool = False):
         self.k = int(k)
+        self.every_node = bool(every_node)  # every verified node's row, not only the walked ones
         self._tokens: list[int] = []
         self._prev: list[int] = []
         self._ids: list[torch.Tensor] = []
@@ -29,11 +30,12 @@ class TopKRecorder:
 
     @classmethod
     def for_drafter(cls, drafter: Any) -> TopKRecorder | None:
-        """A recorder when ``drafter`` wants the top-k (``recycle_k`` > 0 and a ``recycle`` method)."""
+        """A recorder when ``drafter`` wants the top-k (``recycle_k`` > 0 and a ``recycle`` method), of
+        every verified node when its ``recycle_rows`` is "all"."""
         k = getattr(drafter, "recycle_k", 0) if drafter is not None else 0
         if not isinstance(k, int) or k <= 0 or not callable(getattr(drafter, "recycle", None)):
             return None
-        return cls(k)
+        return cls(k, getattr(drafter, "recycle_rows", "walked") == "all")
 
     def add(
         self, tokens: list[int], prev: list[int], logits: torch.Tensor, want_argmax: bool = False

@@ -91,6 +91,10 @@ def verify_step(output: Any, batch: TreeBatch, reqs: list[Any], top_k: Any = Non
     active = np.arange(b)
     head = getattr(output, "head_cost", None)
     fetched = False
+    every = top_k is not None and top_k.every_node
+    if every:  # every node's row in one head call; the walk reads its rows from it
+        output.prefetch(np.arange(batch.num_nodes))
+        fetched = True
     while len(active):
         rows = node[active]
         if head is not None and not fetched:
@@ -100,7 +104,7 @@ def verify_step(output: Any, batch: TreeBatch, reqs: list[Any], top_k: Any = Non
                 fetched = True
         logits = output.logits(rows)  # [k, V]
         g = greedy[active]
-        if top_k is not None:  # the argmax comes with the top-k where the largest logit is unique
+        if top_k is not None and not every:  # the argmax comes with the top-k where it is unique
             prev = np.where(
                 batch.depth[rows] > 0, batch.tokens[batch.global_parents[rows]], root_prev[active]
             )
@@ -126,10 +130,22 @@ def verify_step(output: Any, batch: TreeBatch, reqs: list[Any], top_k: Any = Non
         if head is not None:
             head.level(bool(len(active)))
     owner, nodes = np.concatenate(walks), np.concatenate(walked)
+    if every:
+        _record_every_node(batch, nodes, root_prev, output, top_k)
     order = np.argsort(owner, kind="stable")  # by request, root first (levels were appended in order)
     offsets = np.zeros(b + 1, np.int64)
     np.cumsum(np.bincount(owner, minlength=b), out=offsets[1:])
     return AcceptedPaths.build(batch, nodes[order], offsets, next_tokens)
+
+
+def _record_every_node(batch: TreeBatch, walked: np.ndarray, root_prev: np.ndarray, output: Any, top_k: Any):
+    """Every node's row to ``top_k``: the nodes off the accepted paths first, then the walked ones (a
+    later row of the same token wins in the drafter's table: the accepted context's prediction is kept)."""
+    off_path = np.ones(batch.num_nodes, bool)
+    off_path[walked] = False
+    order = np.concatenate([np.flatnonzero(off_path), walked])
+    prev = np.where(batch.depth > 0, batch.tokens[batch.global_parents], root_prev[batch.tree_of])
+    top_k.add(batch.tokens[order].tolist(), prev[order].tolist(), output.logits(order))
 
 
 def _draw(batch: TreeBatch, lookup: ChildLookup, req: Any, node: int, logits_row: Any, spec: bool):

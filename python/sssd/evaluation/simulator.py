@@ -79,7 +79,7 @@ class SimulationResult:
 
     @property
     def us_per_request_step(self) -> float:
-        """Drafting time (propose only) per request per step, microseconds."""
+        """Drafting time (propose, and recycle with the recycled candidates) per request per step, µs."""
         return 1e6 * self.propose_seconds / self.steps if self.steps else float("nan")
 
     @property
@@ -256,8 +256,9 @@ def simulate(
     collect_records: keep every tested node's features and outcome (``result.records``).
     progress(done_pairs, total_pairs) is called after each step. Request ids are the pair indexes.
     top_k: the model's top-k along the pairs (``sssd.evaluation.recycling.TeacherTopK``): after each step
-    the drafter's ``recycle`` gets the rows the engine's verification would have read (its time counts
-    as drafting time).
+    the drafter's ``recycle`` gets the rows the engine's verification would have read (the call counts as
+    drafting time; building its rows from the cache does not: the engine's recorder does that, timed
+    apart in bench/drafter/bench_recycled.py part b).
     """
     if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or budget < 0:
         raise ValueError(f"budget must be an int >= 0, got {budget!r}")
@@ -315,8 +316,9 @@ def simulate(
             accepted = replay.accepted_tokens(np.asarray(rids, dtype=np.int64), ipos, out.accepted)
             drafter.observe(rids, batch, on_path_mask(batch, tokens=accepted, lengths=out.accepted))
         if recycled is not None:
+            rows = recycled.step_rows(np.asarray(rids, dtype=np.int64), ipos, out.advance)
             t0 = time.perf_counter()
-            drafter.recycle(*recycled.step_rows(np.asarray(rids, dtype=np.int64), ipos, out.advance))
+            drafter.recycle(*rows)
             propose_s += time.perf_counter() - t0
         for r in finished:
             drafter.remove_request(r)
