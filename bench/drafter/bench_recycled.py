@@ -1,7 +1,7 @@
 """The recycled candidates (the verifier's own top-k, DrafterConfig.use_recycled) against the same drafter
 without them, side by side in one run.
 
-    OMP_NUM_THREADS=1 PYTHONPATH=python:. python3 bench/drafter/bench_recycled.py [--parts a,b,c,d]
+    OMP_NUM_THREADS=1 PYTHONPATH=python:. python3 bench/drafter/bench_recycled.py [--parts a,b,c,d,e]
 
 (a) MAL, teacher-forced: the dev pairs replayed at batch 1 in file order with online calibration (as
     tools/drafter_sanity.py), datastore = smollm2_other_outputs or none, budgets 16 and 64; all 244 pairs
@@ -20,6 +20,7 @@ without them, side by side in one run.
 (d) MAL end to end on held-out development prompts (the odd pairs), float32, batch 1, fixed budgets 16
     and 64, with and without the datastore: the drafter without the source, with the rows verification
     reads, with every verified node's (DrafterConfig.recycle_rows="all", which a replay cannot feed).
+(e) The same on the bundled prompts (every kind; the bundled datastore) at fixed budgets 4, 8, 16, 32.
 Speed on a shared machine moves with its load (printed): compare the columns of one run.
 """
 
@@ -207,7 +208,26 @@ def part_c(args) -> None:
 def part_d(args) -> None:
     from bench_recycled_engine import run_mal
 
-    run_mal(args, load_pairs(PAIRS)[1::2][: args.mal_prompts])
+    pairs = load_pairs(PAIRS)[1::2][: args.mal_prompts]
+    prompts = [(f"dev-{p.subset}", p.id, p.prompt_ids.tolist()) for p in pairs]
+    named = {"yes": sssd.Datastore.open(corpora.outputs_datastore()), "no": None}
+    stores = {k: named[k] for k in args.mal_stores.split(",")}
+    budgets = [int(b) for b in args.mal_budgets.split(",")]
+    run_mal(
+        args, prompts, stores, budgets, "(d) MAL end to end, held-out development prompts (the odd pairs)"
+    )
+
+
+def part_e(args) -> None:
+    from bench_recycled_engine import _prompts, run_mal
+    from sssd.integrations.vllm_demo import demo_datastore
+    from sssd.models.loading import load_model
+
+    tok = load_model(None, "float32")[1]
+    stores = {"bundled": sssd.Datastore.open(demo_datastore())}
+    run_mal(
+        args, _prompts(tok, 0), stores, [4, 8, 16, 32], "(e) MAL end to end, the bundled prompts (every kind)"
+    )
 
 
 def main() -> None:
@@ -223,6 +243,11 @@ def main() -> None:
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--batches", default="1,4")
     ap.add_argument("--threads", type=int, default=1, help="(c, d) torch threads")
+    ap.add_argument(
+        "--arms",
+        default="sssd,sssd+recycled,sssd+recycled-all",
+        help="(c) arms besides plain decoding: sssd, sssd+recycled, sssd+recycled-all",
+    )
     ap.add_argument("--mal-prompts", type=int, default=24, help="(d) held-out development prompts")
     ap.add_argument("--mal-stores", default="yes,no", help="(d) with the datastore (yes), without (no)")
     ap.add_argument("--mal-budgets", default="16,64", help="(d) fixed budgets")
@@ -237,6 +262,8 @@ def main() -> None:
         part_c(args)
     if "d" in parts:
         part_d(args)
+    if "e" in parts:
+        part_e(args)
 
 
 if __name__ == "__main__":

@@ -28,10 +28,10 @@ def _prompts(tok, n_dev: int, n_bundled: int | None = None) -> list[tuple[str, s
     return out
 
 
-def _engines(model, tok, ds, batch: int, budget: int) -> dict:
+def _engines(model, tok, ds, batch: int, budget: int, arms) -> dict:
     v = corpora.VOCAB
     out = {}
-    for arm in ARMS:
+    for arm in arms:
         drafter = (
             None
             if arm == "plain"
@@ -52,11 +52,12 @@ def _engines(model, tok, ds, batch: int, budget: int) -> dict:
 
 def _run(engines, prompts, batch: int, new: int) -> dict:
     """Per arm: seconds, tokens, per prompt (tokens, steps); the arms take turns chunk by chunk."""
-    got = {arm: {"s": 0.0, "out": {}} for arm in ARMS}
+    arms = list(engines)
+    got = {arm: {"s": 0.0, "out": {}} for arm in arms}
     chunks = [prompts[i : i + batch] for i in range(0, len(prompts), batch)]
     for c, chunk in enumerate(chunks):
-        for j in range(len(ARMS)):
-            arm = ARMS[(c + j) % len(ARMS)]
+        for j in range(len(arms)):
+            arm = arms[(c + j) % len(arms)]
             t0 = time.perf_counter()
             res = engines[arm].generate([p[2] for p in chunk], max_new_tokens=new)
             got[arm]["s"] += time.perf_counter() - t0
@@ -77,7 +78,7 @@ def _table(prompts, got, dtype: str, batch: int) -> None:
     )
     print("|---|---|---|---|" + "---|" * len(kinds) + "---|")
     base = None
-    for arm in ARMS:
+    for arm in got:
         out = got[arm]["out"]
         tokens = sum(len(v[0]) for v in out.values())
         rate = tokens / got[arm]["s"]
@@ -96,7 +97,7 @@ def _table(prompts, got, dtype: str, batch: int) -> None:
     if chat:
         mals = [
             f"{arm} {len(got[arm]['out'][chat[0]][0]) / max(1, got[arm]['out'][chat[0]][1]):.3f}"
-            for arm in ARMS
+            for arm in got
         ]
         print(f"\nthe first chat prompt ({chat[0]}), MAL: " + ", ".join(mals))
 
@@ -104,7 +105,7 @@ def _table(prompts, got, dtype: str, batch: int) -> None:
 def _rates(prompts, kinds, got) -> None:
     """Tokens/s per prompt kind (batch 1: each prompt timed on its own)."""
     print("\n| arm | " + " | ".join(f"tokens/s {k}" for k in kinds) + " |\n|---|" + "---|" * len(kinds))
-    for arm in ARMS:
+    for arm in got:
         out = got[arm]["out"]
         cells = []
         for k in kinds:
@@ -130,47 +131,56 @@ def run_engine(args) -> None:
         model, tok, _ = load_model(None, dtype)
         prompts = _prompts(tok, args.dev, args.prompts)
         for batch in map(int, args.batches.split(",")):
-            got = _run(_engines(model, tok, ds, batch, args.budget), prompts, batch, args.new)
+            arms = ["plain"] + [a for a in args.arms.split(",") if a in ARMS and a != "plain"]
+            got = _run(_engines(model, tok, ds, batch, args.budget, arms), prompts, batch, args.new)
             _table(prompts, got, dtype, batch)
 
 
 MAL_ARMS = ("off", "walked", "all")
 
 
-def run_mal(args, pairs) -> None:
-    """Part (d): mean accepted length end to end on development prompts (the engine, SmolLM2 float32,
-    greedy, batch 1, fixed budgets), without the recycled source, with the rows verification reads
-    ("walked") and with every verified node's ("all"). The teacher-forced replay of part (a) knows the
-    model's top-k only along the reference text, so it cannot feed "all": the engine runs the model."""
+def run_mal(args, prompts, stores: dict, budgets: list[int], title: str) -> None:
+    """Parts (d) and (e): mean accepted length end to end (the engine, SmolLM2 float32, greedy, batch 1,
+    fixed budgets), without the recycled source, with the rows verification reads ("walked") and with
+    every verified node's ("all"). prompts: (kind, id, prompt ids); stores: name -> datastore (or None).
+    The teacher-forced replay of part (a) knows the model's top-k only along the reference text, so it
+    cannot feed "all": here the engine runs the model."""
     import torch
     from sssd.models.loading import load_model
 
     torch.set_num_threads(args.threads)
     model, tok, _ = load_model(None, "float32")
-    stores = {"yes": sssd.Datastore.open(corpora.outputs_datastore()), "no": None}
-    print(f"\n(d) MAL end to end: {len(pairs)} held-out development prompts (the odd pairs), {args.new} new "
-          f"tokens each, SmolLM2 float32, greedy, batch 1, fixed budget ({_load()})\n")  # fmt: skip
-    print("| datastore | budget | MAL | + recycled (walked) | ratio | + recycled (all) | ratio | "
-          "tokens | outputs identical |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|")
-    for store in args.mal_stores.split(","):
-        for budget in map(int, args.mal_budgets.split(",")):
-            mal, outs = {}, {}
+    kinds = list(dict.fromkeys(p[0] for p in prompts))
+    print(f"\n{title}: {len(prompts)} prompts, {args.new} new tokens each, SmolLM2 float32, greedy, batch 1, "
+          f"fixed budget ({_load()})\n")  # fmt: skip
+    print("| datastore | budget | arm | MAL | ratio | " + " | ".join(f"MAL {k}" for k in kinds)
+          + " | tokens | outputs as without |")  # fmt: skip
+    print("|---|---|---|---|---|" + "---|" * len(kinds) + "---|---|")
+    for store, ds in stores.items():
+        for budget in budgets:
+            outs = {}
             for arm in MAL_ARMS:
                 rows = "all" if arm == "all" else "walked"
                 cfg = sssd.DrafterConfig(
                     use_recycled=arm != "off", recycle_rows=rows, vocab_size=corpora.VOCAB
                 )
                 fixed = sssd.EngineConfig(budget=budget, budget_mode="fixed", max_batch_size=1)
-                engine = sssd.Engine(model, tok, drafter=sssd.Drafter(stores[store], cfg), config=fixed)
-                tokens = steps = 0
-                outs[arm] = []
-                for p in pairs:  # one at a time: each request's own steps
-                    r = engine.generate([p.prompt_ids.tolist()], max_new_tokens=args.new)[0]
-                    tokens, steps = tokens + len(r.tokens), steps + r.stats.steps
-                    outs[arm].append(r.tokens)
-                mal[arm] = tokens / max(steps, 1)
-            same = all(outs[a] == outs["off"] for a in MAL_ARMS)
-            print(f"| {store} | {budget} | {mal['off']:.3f} | {mal['walked']:.3f} | "
-                  f"{mal['walked'] / mal['off']:.3f} | {mal['all']:.3f} | {mal['all'] / mal['off']:.3f} | "
-                  f"{tokens} | {same} |", flush=True)  # fmt: skip
+                engine = sssd.Engine(model, tok, drafter=sssd.Drafter(ds, cfg), config=fixed)
+                # one at a time: each request's own steps
+                outs[arm] = [engine.generate([list(p[2])], max_new_tokens=args.new)[0] for p in prompts]
+            base = None
+            for arm in MAL_ARMS:
+                res = outs[arm]
+                tokens, steps = sum(len(r.tokens) for r in res), sum(r.stats.steps for r in res)
+                mal = tokens / max(steps, 1)
+                base = base or mal
+                per_kind = []
+                for k in kinds:
+                    mine = [r for p, r in zip(prompts, res, strict=True) if p[0] == k]
+                    per_kind.append(
+                        sum(len(r.tokens) for r in mine) / max(1, sum(r.stats.steps for r in mine))
+                    )
+                same = all(a.tokens == b.tokens for a, b in zip(res, outs["off"], strict=True))
+                cells = [store, budget, arm, f"{mal:.3f}", f"{mal / base:.3f}"]
+                cells += [f"{m:.3f}" for m in per_kind] + [tokens, same]
+                print("| " + " | ".join(map(str, cells)) + " |", flush=True)

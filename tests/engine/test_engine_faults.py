@@ -158,6 +158,7 @@ def test_a_drafter_serves_one_engine(refs):
 
 def test_a_long_run_keeps_bounded_state(refs):
     """Once the cost model's sample windows are full, more steps allocate nothing that stays."""
+    torch._dynamo.reset()  # what compiled tests before this one left traced (their guards, weak refs)
     engine = Engine(
         tiny_model("llama"), drafter=_oracle(refs), config=EngineConfig(budget=4, history_size=16)
     )

@@ -30,7 +30,7 @@ from sssd.drafter.calibration import CalibrationTable, PathLike, default_table
 UnknownRequestError = _core.UnknownRequestError  # a KeyError and a ValueError
 
 
-RECYCLE_ROWS = ("walked", "all")
+RECYCLE_ROWS = ("all", "walked")
 
 
 @dataclass(frozen=True)
@@ -45,9 +45,9 @@ class DrafterConfig:
     use_recycled: bool = False
     recycle_k: int = 8  # candidates kept per token (the engine computes this top-k), in [1, 32]
     recycle_from_every_node: bool = True  # False: below the root and recycled nodes only
-    # the rows the engine hands over: "walked" (the root and accepted nodes, whose logits verification
-    # computes anyway) or "all" (every verified node: the output head runs on every draft row)
-    recycle_rows: str = "walked"
+    # the rows the engine hands over: "all" (every verified node: the output head runs on every draft
+    # row) or "walked" (the root and the accepted nodes, whose logits verification computes anyway)
+    recycle_rows: str = "all"
     # rows kept per (previous token, token) pair besides the per-token rows: slots of a direct-mapped
     # table (a power of two, 0: none); each costs 9 + 8 * recycle_k bytes, allocated with use_recycled
     recycle_pair_slots: int = 1 << 16
