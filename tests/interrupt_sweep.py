@@ -36,7 +36,7 @@ import sssd
 import torch
 from sssd.engine.engine import Engine, EngineConfig
 from tiny_models import VOCAB, TinyTokenizer, hf_greedy, tiny_model
-from toy_drafters import OracleDrafter
+from toy_drafters import OracleDrafter, RecyclingOracle
 
 SSSD_DIR = str(Path(sssd.__file__).parent)
 # where a RuntimeError is a component's own failure by design (see the module docstring): the call of the
@@ -100,8 +100,9 @@ class Scenario:
     """The requests and engine of the swept step (see the module docstring); ``compile`` as in
     ``EngineConfig``. The engine, drafter and tokenizer are new for every run; the model is the user's."""
 
-    def __init__(self, compile: bool | str = False):
+    def __init__(self, compile: bool | str = False, recycle_rows: str | None = None):
         self.compile = compile
+        self.recycle_rows = recycle_rows  # the drafter asks for the verifier's top-k of these rows
         self.model = tiny_model("llama")
         self.refs = [hf_greedy(self.model, p, 16) for p in PROMPTS]
         self.model.set_attn_implementation(USER_ATTENTION)
@@ -114,7 +115,11 @@ class Scenario:
         cfg = EngineConfig(budget=6, max_batch_size=4, budget_mode="fixed", compile=self.compile)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return Engine(self.model, self.tok, drafter=OracleDrafter(VOCAB, truth, 0.2, seed=3), config=cfg)
+            if self.recycle_rows is None:
+                drafter = OracleDrafter(VOCAB, truth, 0.2, seed=3)
+            else:
+                drafter = RecyclingOracle(VOCAB, truth, 0.2, seed=3, recycle_rows=self.recycle_rows)
+            return Engine(self.model, self.tok, drafter=drafter, config=cfg)
 
     def _stop_string(self) -> str:
         """Two words request 1 generates first in the swept step (its output after the first step)."""

@@ -102,6 +102,22 @@ class OracleDrafter(ToyDrafter):
         return t
 
 
+class RecyclingOracle(OracleDrafter):
+    """An ``OracleDrafter`` that asks for the verifier's top-k (as ``DrafterConfig(use_recycled=True)``
+    does): the engine records and hands over the rows of ``recycle_rows`` ("all": every verified node)."""
+
+    recycle_k = 4
+
+    def __init__(self, *args, recycle_rows: str = "all", **kwargs):
+        super().__init__(*args, **kwargs)
+        self.recycle_rows = recycle_rows
+        self.recycled = 0  # rows handed over
+
+    def recycle(self, tokens, top_ids, top_probs, prev):
+        assert tokens.shape[0] == top_ids.shape[0] == top_probs.shape[0] == prev.shape[0]
+        self.recycled += int(tokens.shape[0])
+
+
 class RandomTreeDrafter(ToyDrafter):
     """Adversarial shapes: ``chain`` (one deep path), ``fan`` (all children of the root), ``random``."""
 

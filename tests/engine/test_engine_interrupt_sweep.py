@@ -52,3 +52,17 @@ def test_an_exception_at_any_line_of_a_step_costs_nothing(scenario, exc, record_
     # the compiler's first call) are a few percent of a step's lines, so a stride may land on a few
     assert rep.points > 8 * (rep.spared + rep.unreached)
     assert not rep.problems, "\n".join(rep.problems[:20])
+
+
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, RuntimeError], ids=["KeyboardInterrupt", "RuntimeError"])
+def test_an_exception_while_recycling_costs_nothing(exc, caplog):
+    """The same with a drafter that asks for every verified node's top-k (the recorder in verification,
+    the hand-over after the step), at a coarser stride."""
+    scn = Scenario(False, recycle_rows="all")
+    engine, _ = scn.prepare()
+    engine.step()
+    assert engine.drafter.recycled > 0  # the swept step records and hands over rows
+    with caplog.at_level(logging.CRITICAL, logger="sssd.engine"):
+        rep = sweep(scn, exc, stride=1 if FULL else 31, offset=3)
+    assert rep.points > 8 * (rep.spared + rep.unreached)
+    assert not rep.problems, "\n".join(rep.problems[:20])
