@@ -213,21 +213,17 @@ def part_d(args) -> None:
     named = {"yes": sssd.Datastore.open(corpora.outputs_datastore()), "no": None}
     stores = {k: named[k] for k in args.mal_stores.split(",")}
     budgets = [int(b) for b in args.mal_budgets.split(",")]
-    run_mal(
-        args, prompts, stores, budgets, "(d) MAL end to end, held-out development prompts (the odd pairs)"
-    )
+    title = "(d) MAL end to end, held-out development prompts (the odd pairs)"
+    run_mal(args, lambda tok: prompts, stores, budgets, title)
 
 
 def part_e(args) -> None:
     from bench_recycled_engine import _prompts, run_mal
     from sssd.integrations.vllm_demo import demo_datastore
-    from sssd.models.loading import load_model
 
-    tok = load_model(None, "float32")[1]
     stores = {"bundled": sssd.Datastore.open(demo_datastore())}
-    run_mal(
-        args, _prompts(tok, 0), stores, [4, 8, 16, 32], "(e) MAL end to end, the bundled prompts (every kind)"
-    )
+    title = "(e) MAL end to end, the bundled prompts (every kind)"
+    run_mal(args, lambda tok: _prompts(tok, 0), stores, [4, 8, 16, 32], title)
 
 
 def main() -> None:

@@ -139,10 +139,11 @@ def run_engine(args) -> None:
 MAL_ARMS = ("off", "walked", "all")
 
 
-def run_mal(args, prompts, stores: dict, budgets: list[int], title: str) -> None:
+def run_mal(args, prompts_of, stores: dict, budgets: list[int], title: str) -> None:
     """Parts (d) and (e): mean accepted length end to end (the engine, SmolLM2 float32, greedy, batch 1,
     fixed budgets), without the recycled source, with the rows verification reads ("walked") and with
-    every verified node's ("all"). prompts: (kind, id, prompt ids); stores: name -> datastore (or None).
+    every verified node's ("all"). prompts_of(tokenizer): the prompts, (kind, id, prompt ids); stores:
+    name -> datastore (or None).
     The teacher-forced replay of part (a) knows the model's top-k only along the reference text, so it
     cannot feed "all": here the engine runs the model."""
     import torch
@@ -150,6 +151,7 @@ def run_mal(args, prompts, stores: dict, budgets: list[int], title: str) -> None
 
     torch.set_num_threads(args.threads)
     model, tok, _ = load_model(None, "float32")
+    prompts = prompts_of(tok)
     kinds = list(dict.fromkeys(p[0] for p in prompts))
     print(f"\n{title}: {len(prompts)} prompts, {args.new} new tokens each, SmolLM2 float32, greedy, batch 1, "
           f"fixed budget ({_load()})\n")  # fmt: skip
