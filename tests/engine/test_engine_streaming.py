@@ -210,8 +210,9 @@ def test_abort_a_running_request_frees_its_slot_and_drafter_state():
     while engine.has_unfinished():
         engine.step()
     assert engine.result(b).tokens == refs[b]  # the other request is unharmed
+    assert engine.result(a) == res  # kept among the recent results (an interrupted abort loses nothing)
     with pytest.raises(KeyError):
-        engine.abort(a)  # gone
+        engine.abort(a)  # taken: gone
     with pytest.raises(KeyError):
         engine.abort(12345)
 

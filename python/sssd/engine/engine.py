@@ -199,7 +199,8 @@ class Engine(RequestsMixin, RunsMixin):
         self._lock = threading.RLock()
         self._stepper: int | None = None  # the thread that ran the latest step
         self._ids = itertools.count()  # next() is atomic: ids from any thread, no lock to leave held
-        self._abort_requests: dict[int, Any] = {}  # abort() of a thread waiting for a step: rid -> result
+        self._abort_waiting: set[int] = set()  # abort() of a thread waiting for a running step to end
+        self._aborts: dict[int, GenerationResult] = {}  # results of aborts, until their caller takes them
         self._deferred_aborts: deque[int] = deque()  # abort() from inside a step: applied before the next
         self._watch: dict[int, GenerationResult | None] = {}  # generate/stream requests -> abort result
         self._watch_aborted: set[int] = set()  # those of them with an abort result
@@ -223,6 +224,7 @@ class Engine(RequestsMixin, RunsMixin):
 
     def _step(self, owner: int | None) -> list[StreamEvent]:
         final_events, unreported = self._recover()  # of requests an interrupted step finished
+        self._apply_deferred_aborts()  # of threads waiting in abort(), and from inside the last step
         prefill_s = self._admit()
         reqs = list(self._active)
         if not reqs:

@@ -87,8 +87,11 @@ class RequestsMixin:
         """The result of a finished request, taken (returned once): held until its final event is handed
         out, then among the ``EngineConfig.kept_results`` most recent; None when unknown or released."""
         with self._lock:
-            res = self._finished.pop(rid, None)
-            return res if res is not None else self._results.pop(rid, None)
+            for store in (self._finished, self._aborts, self._results):
+                res = store.pop(rid, None)
+                if res is not None:
+                    return res
+            return None
 
     def _take_inbox(self) -> None:
         """Move requests added by any thread into the queue, in order. Safe to interrupt: a request that
@@ -208,6 +211,9 @@ class RequestsMixin:
         for req in active:
             req.catch_up()  # the checks of a token whose append was interrupted
         self.stats.repaired += repair_batch(self.adapter, active)
+        if any(r.finish_reason == "abort" for r in (*self._waiting, *active)):  # an interrupted abort:
+            for req in [r for r in (*self._waiting, *active) if r.finish_reason == "abort"]:
+                self._abort_now(req.rid)  # completed (its result kept for the aborting caller)
         if any(r.finish_reason for r in active):  # an interrupted retirement
             for slot in range(len(active) - 1, -1, -1):
                 req = active[slot]
@@ -241,38 +247,49 @@ class RequestsMixin:
     def abort(self, rid: int) -> GenerationResult:
         """Stop a request, queued or running: its slot, cache rows and drafter state are freed at once.
         Returns its partial result with ``finish_reason="abort"`` (tokens and text generated so far). A
-        request that already finished keeps its result, which is returned (and no longer kept). Raises
-        ``KeyError`` for an id this engine does not know (or whose result was released).
+        request that already finished keeps its result, which is returned (and no longer kept); an aborted
+        one's result is kept among the recent results like a finished one's (``result(rid)`` takes it).
+        Raises ``KeyError`` for an id this engine does not know (or whose result was released).
 
         Safe from any thread: while another thread runs a step, this waits for the step to end, and the
         abort takes effect before the next step begins. Called from inside a step (a policy or drafter
         callback, a ``stream()`` collected mid-step), the abort takes effect before the next step and the
-        result is the request's state now."""
+        result is the request's state now.
+
+        An abort interrupted anywhere (``KeyboardInterrupt``) loses nothing: the request runs on as if it
+        was not aborted, or it is aborted and its result is kept (``abort(rid)`` again or ``result(rid)``
+        returns it); tests/engine/test_engine_abort_sweep.py tries every instruction."""
         if not self._lock.acquire(blocking=False):  # a step of another thread runs: it applies this abort
-            self._abort_requests.setdefault(rid, None)  # first thing at its end, whoever gets the lock next
+            self._abort_waiting.add(rid)  # first thing after its recovery, whoever gets the lock next
             self._lock.acquire()  # (a lock is not fair: the driving thread may step again before we wake)
         try:
             if in_step(threading.get_ident()):  # called from inside this thread's own step
                 return self._abort_later(rid)
-            res = self._abort_requests.pop(rid, None)
-            if res is not None:  # applied by the step that took the lock before this thread did
-                return res
+            self._recover()  # after an interrupted step: the batch as the next step would find it
             self._take_inbox()
-            return self._abort_now(rid)
+            return self._abort_now(rid)  # (or the result a step took for this thread while it waited)
         finally:
+            self._abort_waiting.discard(rid)
             self._lock.release()
 
     def _abort_now(self, rid: int) -> GenerationResult:
+        """Abort request ``rid`` now, or return the result it holds. An aborted request's result is stored
+        in ``_aborts`` before the request leaves the queue or the batch, and stays there (the next step
+        moves it to the store of recent results): an interrupt at any instruction leaves the request
+        untouched, marked aborted in its place (the next step, or another ``abort``, completes it) or gone
+        with its result stored, even once this has returned it (a return value in flight)."""
         for req in self._waiting:
             if req.rid == rid:
-                self._waiting.remove(req)
+                self._aborts[rid] = self._aborted(req)
                 self._policy.remove_request(rid)  # e.g. an SLO target set while it waited
-                return self._aborted(req)
+                self._waiting.remove(req)
+                return self._aborts[rid]
         for slot, req in enumerate(self._active):
             if req.rid == rid:
+                self._aborts[rid] = self._aborted(req)
                 self._release(slot)
-                return self._aborted(req)
-        res = self._finished.pop(rid, None) or self._results.pop(rid, None)
+                return self._aborts[rid]
+        res = self._aborts.get(rid) or self._finished.pop(rid, None) or self._results.pop(rid, None)
         if res is not None:
             return res
         known = isinstance(rid, int) and 0 <= rid < self._next_id
@@ -287,9 +304,16 @@ class RequestsMixin:
         return self._abort_now(rid)  # finished (or unknown): nothing in the batch changes
 
     def _apply_deferred_aborts(self) -> None:
-        for rid, res in list(self._abort_requests.items()):  # abort() of another thread, waiting
-            if res is None and any(r.rid == rid for r in (*self._waiting, *self._active)):
-                self._abort_requests[rid] = self._abort_now(rid)
+        """The aborts that wait for this step (after its recovery, before admission): those of threads
+        waiting in ``abort`` (their results stay in ``_aborts`` for them) and those made from inside the
+        previous step. The results of the aborts before move to the store of recent results, where
+        ``result(rid)`` finds them (a caller interrupted before it had its result: see ``_abort_now``)."""
+        for rid in list(self._abort_waiting):
+            if any(r.rid == rid for r in (*self._waiting, *self._active)):
+                self._abort_now(rid)
+        for rid in [r for r in self._aborts if r not in self._abort_waiting]:
+            self._results[rid] = self._aborts[rid]  # in both stores for a moment, never in neither
+            del self._aborts[rid]
         while self._deferred_aborts:
             try:
                 self._abort_now(self._deferred_aborts[0])

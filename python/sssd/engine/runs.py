@@ -132,6 +132,7 @@ class RunsMixin:
             self._watch.pop(rid, None)
             self._watch_aborted.discard(rid)
             self._finished.pop(rid, None)
+            self._aborts.pop(rid, None)
             self._results.pop(rid, None)
 
     def _abort_quietly(self, rid: int) -> None:

@@ -3,8 +3,8 @@
 One thread drives an engine (``step``, ``generate``, ``stream``). Any thread may call ``add_request``
 (it never waits: requests go to an inbox the next step takes), ``abort`` and ``result`` (they wait for a
 running step to end, at most one step) and ``has_unfinished``. An ``abort`` that waits is applied by the
-next step before anything else (it registers first), so a driving thread that steps again at once cannot
-starve it: locks are not fair.
+next step right after its recovery, before admission (it registers first), and its result is kept for it
+until it takes it, so a driving thread that steps again at once cannot starve it: locks are not fair.
 
 ``engine._lock`` (re-entrant) guards the engine's state and a step holds it from start to end (taken
 and given back here). Whether a thread is inside a step is read from its stack (a frame of a step
@@ -44,7 +44,7 @@ def in_step(thread_id: int) -> bool:
 
 def one_step_at_a_time(step: Any) -> Any:
     """``Engine.step`` (and its variants) under the engine's lock: requests added by other threads join
-    first, aborts made from inside the previous step are applied, and a second concurrent step raises.
+    first (the step applies waiting aborts after its recovery), and a second concurrent step raises.
     The events are handed out by the step's last statement (``Engine._hand_out``); when anything escapes
     after it, the hand-out of the step before is put back first (no call comes before that, so nothing can
     interrupt it), and the step's events come again with the next step."""
@@ -68,7 +68,6 @@ def one_step_at_a_time(step: Any) -> Any:
             self._stepper = me
             self._deliver()
             self._take_inbox()
-            self._apply_deferred_aborts()
             events = step(self, *args)
             self._lock.release()
             return events
