@@ -1,6 +1,7 @@
 """Fits python/sssd/data/calibration_default.json from a teacher-forced replay of the dev pairs.
 
 Usage: OMP_NUM_THREADS=2 PYTHONPATH=python python3 tools/fit_default_calibration.py [--budget 64] [--recycled]
+       [--engine --pairs 16 --new 96] (the shipped table: --recycled --engine --pairs 16 --new 96)
 Fits on the even-indexed dev pairs only (the odd-indexed ones stay held out for evaluation), datastore =
 smollm2_other_outputs (bench/corpora.py). Two rounds: observations from uncalibrated trees, then from
 trees drafted with the first fit (so the table also sees the nodes a calibrated drafter proposes); the
@@ -9,6 +10,11 @@ second fit uses both.
 shipped table, the other rows kept as they are, replaying with the source on: the model's top-8 along
 the pairs comes from a teacher-forced forward of the bundled SmolLM2 in float32 (sssd.models.teacher,
 cached).
+--recycled --engine: the same rows fitted from the engine instead (greedy, float32, batch 1, a fixed
+budget, the bundled SmolLM2 generating --new tokens for each training prompt) with the drafter given every
+verified node's top-k (``recycle_rows="all"``): the table the source is drafted from in the engine, which
+a teacher-forced replay cannot feed (it knows the rows along the reference text only). The observations
+are the nodes the engine tested (their parent accepted), as the drafter's ``observe`` receives them.
 Prints the expected calibration error (ECE) of raw and calibrated scores on the held-out pairs.
 """
 
@@ -53,6 +59,44 @@ def collect(ds, pairs, budget: int, table, top_k=None) -> dict[str, np.ndarray]:
     }
 
 
+class _Recording(sssd.Drafter):
+    """A drafter that keeps the features and outcomes of the nodes the engine tested."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.seen: list[dict[str, np.ndarray]] = []
+
+    def observe(self, request_ids, batch, on_path):
+        on_path = np.asarray(on_path, bool)
+        sizes = np.diff(np.asarray(batch.offsets))
+        start = np.repeat(np.asarray(batch.offsets)[:-1], sizes)
+        parents = np.asarray(batch.parents, np.int64)
+        inner = np.flatnonzero(parents >= 0)
+        tested = inner[on_path[start[inner] + parents[inner]]]  # the parent accepted: the node was tested
+        self.seen.append({
+            "source": np.asarray(batch.source)[tested], "depth": np.asarray(batch.depth)[tested],
+            "match_len": np.asarray(batch.match_len)[tested], "raw": np.asarray(batch.raw_score)[tested],
+            "prob": np.asarray(batch.probs)[tested], "accepted": on_path[tested].astype(np.int8),
+        })  # fmt: skip
+        return super().observe(request_ids, batch, on_path)
+
+
+def collect_engine(ds, pairs, budget: int, table, model, tok, new: int) -> dict[str, np.ndarray]:
+    """Tested nodes of the engine generating ``new`` tokens for each pair's prompt (see the docstring)."""
+    cfg = sssd.DrafterConfig(
+        calibration=table, online_calibration=False, use_recycled=True, recycle_rows="all"
+    )
+    drafter = _Recording(ds, cfg)
+    engine = sssd.Engine(
+        model, tok, drafter=drafter, config=sssd.EngineConfig(budget=budget, budget_mode="fixed")
+    )
+    for i, p in enumerate(pairs):
+        engine.generate([list(p.prompt_ids)], max_new_tokens=new)
+        print(f"\r  engine: {i + 1}/{len(pairs)} prompts", end="", flush=True)
+    print()
+    return {k: np.concatenate([o[k] for o in drafter.seen]) for k in drafter.seen[0]}
+
+
 def fit_from(obs: dict[str, np.ndarray], keep=None):
     """The fitted table; with ``keep`` (a table), only the recycled sources' rows are the fit's."""
     table = fit(obs["source"], obs["depth"], obs["match_len"], obs["raw"], obs["accepted"])
@@ -82,11 +126,23 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=64)
     ap.add_argument("--out", type=Path, default=OUT)
     ap.add_argument("--recycled", action="store_true", help="fit the recycled sources' rows only")
+    ap.add_argument(
+        "--engine", action="store_true", help="(with --recycled) observe the engine, every node's rows"
+    )
+    ap.add_argument(
+        "--pairs", type=int, default=None, help="(--engine) training prompts (default: all even pairs)"
+    )
+    ap.add_argument("--new", type=int, default=128, help="(--engine) tokens generated per prompt")
     args = ap.parse_args()
     pairs = load_pairs(PAIRS)
     train, held_out = pairs[0::2], pairs[1::2]
     ds = sssd.Datastore.open(corpora.outputs_datastore())
     keep = default_table() if args.recycled else None
+    if args.engine:
+        if not args.recycled:
+            ap.error("--engine fits the recycled sources' rows: give --recycled too")
+        fit_engine(args, ds, train[: args.pairs], held_out[: args.pairs], keep)
+        return
     top = teacher_top_k(pairs) if args.recycled else None
     train_top, held_top = (
         (None, None)
@@ -115,6 +171,35 @@ def main() -> None:
                 f"  {name:9s} n={int(sel.sum()):7d} accept={test['accepted'][sel].mean():.3f} "
                 f"raw={test['raw'][sel].mean():.3f} calibrated={cal[sel].mean():.3f}"
             )
+
+
+def fit_engine(args, ds, train, held_out, keep) -> None:
+    """--recycled --engine: two rounds on the training prompts (the shipped table, then the first fit),
+    the second fit from both; then the held-out prompts' tested nodes with the old and the new table."""
+    import torch
+    from sssd.models.loading import load_model
+
+    torch.manual_seed(0)
+    model, tok, _ = load_model(None, "float32")
+    first = collect_engine(ds, train, args.budget, keep, model, tok, args.new)
+    table = fit_from(first, keep)
+    second = collect_engine(ds, train, args.budget, table, model, tok, args.new)
+    both = {k: np.concatenate([first[k], second[k]]) for k in first}
+    table = fit_from(both, keep)
+    table.save(args.out)
+    print(f"fitted on {len(train)} prompts, {both['accepted'].size} observations -> {args.out}")
+    for name, t in (("shipped", keep), ("refitted", table)):
+        test = collect_engine(ds, held_out, args.budget, t, model, tok, args.new)
+        cal = t.apply(test["source"], test["depth"], test["match_len"], test["raw"])
+        print(f"held-out, {name} table ({len(held_out)} prompts, {test['accepted'].size} tested nodes):")
+        print(f"  ECE calibrated {calibration_error(cal, test['accepted']):.4f}")
+        for s, src in enumerate(SOURCES):
+            sel = test["source"] == s
+            if sel.any():
+                print(
+                    f"  {src:9s} n={int(sel.sum()):6d} accept={test['accepted'][sel].mean():.3f} "
+                    f"calibrated={cal[sel].mean():.3f}"
+                )
 
 
 if __name__ == "__main__":

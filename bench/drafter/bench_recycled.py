@@ -242,11 +242,16 @@ def main() -> None:
     ap.add_argument(
         "--arms",
         default="sssd,sssd+recycled,sssd+recycled-all",
-        help="(c) arms besides plain decoding: sssd, sssd+recycled, sssd+recycled-all",
+        help="(c) arms besides plain decoding: sssd, sssd+recycled, sssd+recycled-all, sssd+recycled-all*",
     )
     ap.add_argument("--mal-prompts", type=int, default=24, help="(d) held-out development prompts")
     ap.add_argument("--mal-stores", default="yes,no", help="(d) with the datastore (yes), without (no)")
     ap.add_argument("--mal-budgets", default="16,64", help="(d) fixed budgets")
+    ap.add_argument("--mal-arms", default="walked,all", help="(d, e) arms besides off: walked, all")
+    ap.add_argument(
+        "--calibration", default="default", help="(c, d, e) the drafters' calibration table (a JSON file)"
+    )
+    ap.add_argument("--calibration2", help="(c) the table of the arm sssd+recycled-all* (a JSON file)")
     args = ap.parse_args()
     ds = sssd.Datastore.open(corpora.outputs_datastore())
     parts = args.parts.split(",")

@@ -10,7 +10,8 @@ import sssd
 
 # sssd+recycled: the drafter gets the rows verification reads (the root and the accepted nodes);
 # sssd+recycled-all: every verified node's row (recycle_rows="all": the output head on every draft row)
-ARMS = ("plain", "sssd", "sssd+recycled", "sssd+recycled-all")
+# sssd+recycled-all*: the same with the table of --calibration2 (two calibration tables side by side)
+ARMS = ("plain", "sssd", "sssd+recycled", "sssd+recycled-all", "sssd+recycled-all*")
 
 
 def _prompts(tok, n_dev: int, n_bundled: int | None = None) -> list[tuple[str, str, list[int]]]:
@@ -28,7 +29,7 @@ def _prompts(tok, n_dev: int, n_bundled: int | None = None) -> list[tuple[str, s
     return out
 
 
-def _engines(model, tok, ds, batch: int, budget: int, arms) -> dict:
+def _engines(model, tok, ds, batch: int, budget: int, arms, calibration="default", calibration2=None) -> dict:
     v = corpora.VOCAB
     out = {}
     for arm in arms:
@@ -39,8 +40,9 @@ def _engines(model, tok, ds, batch: int, budget: int, arms) -> dict:
                 ds,
                 sssd.DrafterConfig(
                     use_recycled="recycled" in arm,
-                    recycle_rows="all" if arm.endswith("-all") else "walked",
+                    recycle_rows="all" if "-all" in arm else "walked",
                     vocab_size=v,
+                    calibration=calibration2 if arm.endswith("*") else calibration,
                 ),
             )
         )
@@ -64,6 +66,9 @@ def _run(engines, prompts, batch: int, new: int) -> dict:
             secs = (time.perf_counter() - t0) / len(chunk)  # per prompt: exact at batch 1
             for p, r in zip(chunk, res, strict=True):
                 got[arm]["out"][p[1]] = (r.tokens, r.stats.steps, secs)
+    for arm in arms:
+        st = engines[arm].stats
+        got[arm]["nodes"] = st.nodes / max(st.steps, 1)
     return got
 
 
@@ -74,9 +79,9 @@ def _table(prompts, got, dtype: str, batch: int) -> None:
     print(
         "| arm | tokens/s | vs plain | MAL | "
         + " | ".join(f"MAL {k}" for k in kinds)
-        + " | identical to plain |"
+        + " | identical to plain | draft nodes/step |"
     )
-    print("|---|---|---|---|" + "---|" * len(kinds) + "---|")
+    print("|---|---|---|---|" + "---|" * len(kinds) + "---|---|")
     base = None
     for arm in got:
         out = got[arm]["out"]
@@ -89,8 +94,9 @@ def _table(prompts, got, dtype: str, batch: int) -> None:
             ids = [p[1] for p in prompts if p[0] == k]
             per_kind.append(sum(len(out[i][0]) for i in ids) / max(1, sum(out[i][1] for i in ids)))
         same = sum(out[i][0] == plain[i][0] for i in out)
+        tail = f" | {same}/{len(out)} | {got[arm]['nodes']:.1f} |"
         print(f"| {arm} | {rate:.2f} | {rate / base:.2f} | {tokens / max(steps, 1):.3f} | "
-              + " | ".join(f"{m:.3f}" for m in per_kind) + f" | {same}/{len(out)} |")  # fmt: skip
+              + " | ".join(f"{m:.3f}" for m in per_kind) + tail)  # fmt: skip
     if batch == 1:
         _rates(prompts, kinds, got)
     chat = [p[1] for p in prompts if p[0] == "chat"][:1]
@@ -132,7 +138,8 @@ def run_engine(args) -> None:
         prompts = _prompts(tok, args.dev, args.prompts)
         for batch in map(int, args.batches.split(",")):
             arms = ["plain"] + [a for a in args.arms.split(",") if a in ARMS and a != "plain"]
-            got = _run(_engines(model, tok, ds, batch, args.budget, arms), prompts, batch, args.new)
+            engines = _engines(model, tok, ds, batch, args.budget, arms, args.calibration, args.calibration2)
+            got = _run(engines, prompts, batch, args.new)
             _table(prompts, got, dtype, batch)
 
 
@@ -156,22 +163,27 @@ def run_mal(args, prompts_of, stores: dict, budgets: list[int], title: str) -> N
     print(f"\n{title}: {len(prompts)} prompts, {args.new} new tokens each, SmolLM2 float32, greedy, batch 1, "
           f"fixed budget ({_load()})\n")  # fmt: skip
     print("| datastore | budget | arm | MAL | ratio | " + " | ".join(f"MAL {k}" for k in kinds)
-          + " | tokens | outputs as without |")  # fmt: skip
-    print("|---|---|---|---|---|" + "---|" * len(kinds) + "---|---|")
+          + " | tokens | outputs as without | ms/step: forward (head) verify |")  # fmt: skip
+    print("|---|---|---|---|---|" + "---|" * len(kinds) + "---|---|---|")
     for store, ds in stores.items():
         for budget in budgets:
-            outs = {}
-            for arm in MAL_ARMS:
+            outs, times = {}, {}
+            arms = [a for a in MAL_ARMS if a == "off" or a in args.mal_arms.split(",")]
+            for arm in arms:
                 rows = "all" if arm == "all" else "walked"
                 cfg = sssd.DrafterConfig(
-                    use_recycled=arm != "off", recycle_rows=rows, vocab_size=corpora.VOCAB
+                    use_recycled=arm != "off",
+                    recycle_rows=rows,
+                    vocab_size=corpora.VOCAB,
+                    calibration=args.calibration,
                 )
                 fixed = sssd.EngineConfig(budget=budget, budget_mode="fixed", max_batch_size=1)
                 engine = sssd.Engine(model, tok, drafter=sssd.Drafter(ds, cfg), config=fixed)
                 # one at a time: each request's own steps
                 outs[arm] = [engine.generate([list(p[2])], max_new_tokens=args.new)[0] for p in prompts]
+                times[arm] = _step_ms(engine)
             base = None
-            for arm in MAL_ARMS:
+            for arm in arms:
                 res = outs[arm]
                 tokens, steps = sum(len(r.tokens) for r in res), sum(r.stats.steps for r in res)
                 mal = tokens / max(steps, 1)
@@ -184,5 +196,20 @@ def run_mal(args, prompts_of, stores: dict, budgets: list[int], title: str) -> N
                     )
                 same = all(a.tokens == b.tokens for a, b in zip(res, outs["off"], strict=True))
                 cells = [store, budget, arm, f"{mal:.3f}", f"{mal / base:.3f}"]
-                cells += [f"{m:.3f}" for m in per_kind] + [tokens, same]
+                cells += [f"{m:.3f}" for m in per_kind] + [tokens, same, times[arm]]
                 print("| " + " | ".join(map(str, cells)) + " |", flush=True)
+
+
+def _step_ms(engine) -> str:
+    """Milliseconds per step over the engine's steps: the forward with the output head in it, the head
+    alone, and verification (timings: read them with the load average printed above)."""
+    st = engine.stats
+    if not st.steps:
+        return "-"
+    return " ".join(
+        [
+            f"{1e3 * st.forward_s / st.steps:.1f}",
+            f"({1e3 * st.head_s / st.steps:.1f})",
+            f"{1e3 * st.verify_s / st.steps:.1f}",
+        ]
+    )
