@@ -217,6 +217,20 @@ def test_abort_a_running_request_frees_its_slot_and_drafter_state():
         engine.abort(12345)
 
 
+def test_aborted_results_are_kept_among_the_recent_ones_and_bounded():
+    """An aborted request's result stays until taken (an interrupted abort() can ask again), among the
+    ``kept_results`` most recent results: a server that aborts most of its requests keeps no more."""
+    engine = _engine(kept_results=4, max_batch_size=2)
+    rids = [engine.add_request([30 + i, 5], max_new_tokens=3, eos_token_ids=()) for i in range(10)]
+    engine.step()
+    got = [engine.abort(rid) for rid in rids]
+    assert all(r.finish_reason == "abort" for r in got) and not engine.has_unfinished()
+    assert engine.abort(rids[-1]) == got[-1]  # asked again: the same result
+    engine.step()
+    assert len(engine._results) <= 4 and engine._aborts == {}
+    assert engine.result(rids[-2]) == got[-2] and engine.result(rids[0]) is None  # kept / released
+
+
 def test_abort_a_queued_request_and_a_finished_one():
     engine = _engine(max_batch_size=1)
     a = engine.add_request([30, 5], max_new_tokens=3, eos_token_ids=())

@@ -314,6 +314,8 @@ class RequestsMixin:
         for rid in [r for r in self._aborts if r not in self._abort_waiting]:
             self._results[rid] = self._aborts[rid]  # in both stores for a moment, never in neither
             del self._aborts[rid]
+        while len(self._results) > self.config.kept_results:  # bounded, aborts or not
+            self._results.popitem(last=False)
         while self._deferred_aborts:
             try:
                 self._abort_now(self._deferred_aborts[0])
