@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 import sssd
+from sssd.batch import tree_index
 from sssd.drafter.calibration import SOURCES, CalibrationTable, calibration_error, default_table, fit
 from sssd.evaluation.pairs import load_pairs
 from sssd.evaluation.simulator import simulate
@@ -68,11 +69,11 @@ class _Recording(sssd.Drafter):
 
     def observe(self, request_ids, batch, on_path):
         on_path = np.asarray(on_path, bool)
-        sizes = np.diff(np.asarray(batch.offsets))
-        start = np.repeat(np.asarray(batch.offsets)[:-1], sizes)
+        offsets = np.asarray(batch.offsets, np.int64)
         parents = np.asarray(batch.parents, np.int64)
         inner = np.flatnonzero(parents >= 0)
-        tested = inner[on_path[start[inner] + parents[inner]]]  # the parent accepted: the node was tested
+        glob_parent = parents[inner] + offsets[tree_index(offsets)[inner]]
+        tested = inner[on_path[glob_parent]]  # the parent accepted: the node was tested
         self.seen.append({
             "source": np.asarray(batch.source)[tested], "depth": np.asarray(batch.depth)[tested],
             "match_len": np.asarray(batch.match_len)[tested], "raw": np.asarray(batch.raw_score)[tested],
@@ -164,12 +165,18 @@ def main() -> None:
     print(f"  ECE raw scores        {raw_ece:.4f}")
     print(f"  ECE calibrated        {calibration_error(cal, test['accepted']):.4f}")
     print(f"  ECE fused p (drafted) {calibration_error(test['prob'], test['accepted']):.4f}")
-    for s, name in enumerate(sssd.drafter.calibration.SOURCES):
+    by_source(test, cal, raw=True)
+
+
+def by_source(test: dict[str, np.ndarray], cal: np.ndarray, raw: bool = False) -> None:
+    """Per source: tested nodes, their acceptance rate, mean raw score (with ``raw``) and calibrated p."""
+    for s, name in enumerate(SOURCES):
         sel = test["source"] == s
         if sel.any():
+            mean_raw = f"raw={test['raw'][sel].mean():.3f} " if raw else ""
             print(
                 f"  {name:9s} n={int(sel.sum()):7d} accept={test['accepted'][sel].mean():.3f} "
-                f"raw={test['raw'][sel].mean():.3f} calibrated={cal[sel].mean():.3f}"
+                f"{mean_raw}calibrated={cal[sel].mean():.3f}"
             )
 
 
@@ -193,13 +200,7 @@ def fit_engine(args, ds, train, held_out, keep) -> None:
         cal = t.apply(test["source"], test["depth"], test["match_len"], test["raw"])
         print(f"held-out, {name} table ({len(held_out)} prompts, {test['accepted'].size} tested nodes):")
         print(f"  ECE calibrated {calibration_error(cal, test['accepted']):.4f}")
-        for s, src in enumerate(SOURCES):
-            sel = test["source"] == s
-            if sel.any():
-                print(
-                    f"  {src:9s} n={int(sel.sum()):6d} accept={test['accepted'][sel].mean():.3f} "
-                    f"calibrated={cal[sel].mean():.3f}"
-                )
+        by_source(test, cal)
 
 
 if __name__ == "__main__":
