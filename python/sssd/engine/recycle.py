@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from sssd.engine.rowops import argmax_rows, topk_rows
+
 
 class TopKRecorder:
     """The rows of one step: ``add`` per verification level, ``arrays`` once after the step."""
@@ -46,7 +48,7 @@ class TopKRecorder:
         unique (then it is the argmax; ties and NaN take the argmax itself), which saves verification a
         pass over the vocabulary."""
         k = min(self.k, int(logits.shape[-1]))
-        values, ids = torch.topk(logits, k, dim=-1)
+        values, ids = topk_rows(logits, k)
         self._tokens.extend(tokens)
         self._prev.extend(prev)
         self._ids.append(ids)
@@ -55,7 +57,7 @@ class TopKRecorder:
             return None
         if k >= 2 and bool((values[:, 0] > values[:, 1]).all()):
             return ids[:, 0].tolist()
-        return logits.argmax(dim=-1).tolist()
+        return argmax_rows(logits).tolist()
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(tokens [n] int32, ids [n, k] int32, probs [n, k] float32, prev [n] int32):

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from sssd.engine.acceptance import specinfer_node
+from sssd.engine.rowops import argmax_rows
 from sssd.engine.sampling import sample_from, target_probs
 from sssd.engine.trees import AcceptedPaths, TreeBatch
 
@@ -110,7 +111,7 @@ def verify_step(output: Any, batch: TreeBatch, reqs: list[Any], top_k: Any = Non
             )
             argmax = top_k.add(batch.tokens[rows].tolist(), prev.tolist(), logits, bool(g.any()))
         else:
-            argmax = logits.argmax(dim=-1).tolist() if g.any() else None
+            argmax = argmax_rows(logits).tolist() if g.any() else None
         child, token = np.full(len(active), -1, np.int64), np.zeros(len(active), np.int64)
         if argmax is not None:
             sel = np.flatnonzero(g)
