@@ -11,12 +11,14 @@ without them, side by side in one run.
 (b) Drafting time: propose µs per request (and nodes drafted per request) on the same contexts (prompt +
     200 output tokens of the dev pairs, the pool holding 100 outputs), the recycled table warmed with every
     dev pair's top-k, rounds alternating the order; median wall and CPU; recycle() µs per step;
-    torch.topk against the argmax that verification computes anyway, on [rows, 49152] logits.
+    torch.topk against the argmax that verification computes anyway, on [rows, 49152] logits, and both
+    read from chunk maxima (sssd.engine.rowops, what the engine runs on a CPU).
 (c) End to end: SmolLM2-135M-Instruct, the bundled prompts (every kind) and --dev development prompts,
     float32 and bfloat16, batch 1 and 4, greedy, the adaptive policy (cap --budget): plain decoding, the
     drafter, the drafter + recycled candidates (the rows verification reads; every verified node's),
     taking turns prompt by prompt (batch 4: four prompts at a time); tokens/s and MAL per prompt kind,
-    identical-to-plain counts.
+    identical-to-plain counts; with --engine-rounds N, N rounds of fresh engines and each arm's tokens/s
+    against the drafter's per kind, per round and summed.
 (d) MAL end to end on held-out development prompts (the odd pairs), float32, batch 1, fixed budgets 16
     and 64, with and without the datastore: the drafter without the source, with the rows verification
     reads, with every verified node's (DrafterConfig.recycle_rows="all", which a replay cannot feed).
@@ -169,22 +171,37 @@ def part_b(ds, rounds: int) -> None:
             d.recycle(*args)
         print(f"\nrecycle() of {rows} rows: {(time.perf_counter() - t0) / 200 * 1e6:.1f} µs per call")
     torch.set_num_threads(1)
-    print("\n| logits dtype | rows | argmax µs | topk(8) µs | topk + softmax(8) µs |\n|---|---|---|---|---|")
+    print(
+        "\n| logits dtype | rows | argmax µs | argmax_rows µs | topk(8) µs | topk_rows(8) µs "
+        "| topk + softmax(8) µs |\n|---|---|---|---|---|---|---|"
+    )
     for dt in (torch.float32, torch.bfloat16):
         for rows in (1, 4, 16):
             x = torch.randn(rows, corpora.VOCAB).to(dt)
             us = []
-            for fn in (argmax, top8, top8_softmax):
+            for fn in (argmax, argmax_rows, top8, topk_rows8, top8_softmax):
                 fn(x)
                 t0 = time.perf_counter()
                 for _ in range(300):
                     fn(x)
                 us.append((time.perf_counter() - t0) / 300 * 1e6)
-            print(f"| {str(dt)[6:]} | {rows} | {us[0]:.1f} | {us[1]:.1f} | {us[2]:.1f} |")
+            print(f"| {str(dt)[6:]} | {rows} | " + " | ".join(f"{u:.1f}" for u in us) + " |")
 
 
 def argmax(x):
     return x.argmax(-1)
+
+
+def argmax_rows(x):
+    from sssd.engine.rowops import argmax_rows
+
+    return argmax_rows(x)
+
+
+def topk_rows8(x):
+    from sssd.engine.rowops import topk_rows
+
+    return topk_rows(x, 8)
 
 
 def top8(x):
@@ -236,6 +253,9 @@ def main() -> None:
         "--prompts", type=int, help="(c) the first N bundled prompts, kinds in turn (default: all 12)"
     )
     ap.add_argument("--budget", type=int, default=32, help="(c) the adaptive policy's largest budget")
+    ap.add_argument(
+        "--engine-rounds", type=int, default=1, help="(c) rounds, each with fresh engines and drafters"
+    )
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--batches", default="1,4")
     ap.add_argument("--threads", type=int, default=1, help="(c, d) torch threads")

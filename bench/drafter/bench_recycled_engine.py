@@ -69,6 +69,7 @@ def _run(engines, prompts, batch: int, new: int) -> dict:
     for arm in arms:
         st = engines[arm].stats
         got[arm]["nodes"] = st.nodes / max(st.steps, 1)
+        got[arm]["ms"] = _step_ms(engines[arm])
     return got
 
 
@@ -79,9 +80,9 @@ def _table(prompts, got, dtype: str, batch: int) -> None:
     print(
         "| arm | tokens/s | vs plain | MAL | "
         + " | ".join(f"MAL {k}" for k in kinds)
-        + " | identical to plain | draft nodes/step |"
+        + " | identical to plain | draft nodes/step | ms/step: forward (head) verify |"
     )
-    print("|---|---|---|---|" + "---|" * len(kinds) + "---|---|")
+    print("|---|---|---|---|" + "---|" * len(kinds) + "---|---|---|")
     base = None
     for arm in got:
         out = got[arm]["out"]
@@ -94,7 +95,7 @@ def _table(prompts, got, dtype: str, batch: int) -> None:
             ids = [p[1] for p in prompts if p[0] == k]
             per_kind.append(sum(len(out[i][0]) for i in ids) / max(1, sum(out[i][1] for i in ids)))
         same = sum(out[i][0] == plain[i][0] for i in out)
-        tail = f" | {same}/{len(out)} | {got[arm]['nodes']:.1f} |"
+        tail = f" | {same}/{len(out)} | {got[arm]['nodes']:.1f} | {got[arm]['ms']} |"
         print(f"| {arm} | {rate:.2f} | {rate / base:.2f} | {tokens / max(steps, 1):.3f} | "
               + " | ".join(f"{m:.3f}" for m in per_kind) + tail)  # fmt: skip
     if batch == 1:
@@ -138,9 +139,42 @@ def run_engine(args) -> None:
         prompts = _prompts(tok, args.dev, args.prompts)
         for batch in map(int, args.batches.split(",")):
             arms = ["plain"] + [a for a in args.arms.split(",") if a in ARMS and a != "plain"]
-            engines = _engines(model, tok, ds, batch, args.budget, arms, args.calibration, args.calibration2)
-            got = _run(engines, prompts, batch, args.new)
-            _table(prompts, got, dtype, batch)
+            rounds = []
+            for _ in range(args.engine_rounds):  # fresh engines and drafters: a cold pool and table each
+                engines = _engines(model, tok, ds, batch, args.budget, arms, args.calibration, args.calibration2)
+                rounds.append(_run(engines, prompts, batch, args.new))
+                _table(prompts, rounds[-1], dtype, batch)
+            if len(rounds) > 1:
+                _rounds_table(prompts, rounds, arms)
+
+
+def _rounds_table(prompts, rounds: list[dict], arms: list[str]) -> None:
+    """Each arm's tokens/s against the first drafting arm's, over all prompts and per prompt kind: every
+    round's ratio, and the ratio of the rounds' summed tokens and seconds (batch 1: each prompt timed on
+    its own)."""
+    kinds = ["all"] + list(dict.fromkeys(p[0] for p in prompts))
+    base = next((a for a in arms if a != "plain"), arms[0])
+
+    def rate(got, arm, kind):
+        ids = [p[1] for p in prompts if kind in ("all", p[0])]
+        out = got[arm]["out"]
+        return sum(len(out[i][0]) for i in ids), sum(out[i][2] for i in ids)
+
+    print(f"\n{len(rounds)} rounds: tokens/s against {base} (per round; summed over the rounds)")
+    print("| arm | " + " | ".join(kinds) + " |\n|---|" + "---|" * len(kinds))
+    for arm in arms:
+        if arm == base:
+            continue
+        cells = []
+        for kind in kinds:
+            per, tot = [], [0.0, 0.0, 0.0, 0.0]
+            for got in rounds:
+                (ta, sa), (tb, sb) = rate(got, arm, kind), rate(got, base, kind)
+                per.append((ta / sa) / (tb / sb))
+                tot = [tot[0] + ta, tot[1] + sa, tot[2] + tb, tot[3] + sb]
+            summed = (tot[0] / tot[1]) / (tot[2] / tot[3])
+            cells.append(" ".join(f"{r:.3f}" for r in per) + f"; {summed:.3f}")
+        print(f"| {arm} | " + " | ".join(cells) + " |")
 
 
 MAL_ARMS = ("off", "walked", "all")
