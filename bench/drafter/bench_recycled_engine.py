@@ -140,19 +140,20 @@ def run_engine(args) -> None:
         for batch in map(int, args.batches.split(",")):
             arms = ["plain"] + [a for a in args.arms.split(",") if a in ARMS and a != "plain"]
             rounds = []
+            cals = (args.calibration, args.calibration2)
             for _ in range(args.engine_rounds):  # fresh engines and drafters: a cold pool and table each
-                engines = _engines(model, tok, ds, batch, args.budget, arms, args.calibration, args.calibration2)
+                engines = _engines(model, tok, ds, batch, args.budget, arms, *cals)
                 rounds.append(_run(engines, prompts, batch, args.new))
                 _table(prompts, rounds[-1], dtype, batch)
             if len(rounds) > 1:
-                _rounds_table(prompts, rounds, arms)
+                _rounds_table(prompts, rounds, arms, batch)
 
 
-def _rounds_table(prompts, rounds: list[dict], arms: list[str]) -> None:
-    """Each arm's tokens/s against the first drafting arm's, over all prompts and per prompt kind: every
-    round's ratio, and the ratio of the rounds' summed tokens and seconds (batch 1: each prompt timed on
-    its own)."""
-    kinds = ["all"] + list(dict.fromkeys(p[0] for p in prompts))
+def _rounds_table(prompts, rounds: list[dict], arms: list[str], batch: int) -> None:
+    """Each arm's tokens/s against the first drafting arm's, over all prompts and (batch 1, where each
+    prompt is timed on its own) per prompt kind: every round's ratio, and the ratio of the rounds' summed
+    tokens and seconds."""
+    kinds = ["all", *dict.fromkeys(p[0] for p in prompts)] if batch == 1 else ["all"]
     base = next((a for a in arms if a != "plain"), arms[0])
 
     def rate(got, arm, kind):
