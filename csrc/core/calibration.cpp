@@ -1,6 +1,7 @@
 #include "core/calibration.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <stdexcept>
 
@@ -43,6 +44,11 @@ void isotonic_fit(const double* y, const double* w, int32_t n, double* out) {
   }
 }
 
+namespace {
+std::atomic<uint64_t> g_versions{0};
+uint64_t next_version() { return g_versions.fetch_add(1, std::memory_order_relaxed) + 1; }
+}  // namespace
+
 Calibration::Calibration(std::vector<int32_t> depth_edges, std::vector<int32_t> match_edges, int32_t num_knots)
     : depth_edges_(std::move(depth_edges)), match_edges_(std::move(match_edges)), num_knots_(num_knots) {
   check_edges(depth_edges_, "depth_edges");
@@ -68,6 +74,7 @@ Calibration::Calibration(std::vector<int32_t> depth_edges, std::vector<int32_t> 
     successes_[i] = values_[i] * weights_[i];
   }
   dirty_.assign(groups, 0);
+  version_ = next_version();
 }
 
 void Calibration::set(const std::vector<float>& values, const std::vector<double>& weights) {
@@ -125,6 +132,7 @@ void Calibration::refit(int32_t g) {
   for (int32_t k = 0; k < num_knots_; ++k) y[k] = successes_[base + k] / weights_[base + k];
   isotonic_fit(y, weights_.data() + base, num_knots_, out);
   for (int32_t k = 0; k < num_knots_; ++k) values_[base + k] = static_cast<float>(std::min(std::max(out[k], 0.0), 1.0));
+  version_ = next_version();
 }
 
 }  // namespace sssd

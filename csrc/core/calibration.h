@@ -45,6 +45,10 @@ class Calibration {
   const std::vector<float>& values() const { return values_; }       // [S, D, M, K]
   const std::vector<double>& weights() const { return weights_; }    // [S, D, M, K]
   const std::vector<double>& successes() const { return successes_; }
+  // Names the table's current values: a new number whenever they change (from one counter for all
+  // tables, so two tables share a number only when one is a copy of the other, unchanged since). A
+  // cache of anything computed from the values (the recycled source's depth bounds) keys on it.
+  uint64_t version() const { return version_; }
 
   // Replaces the table: values (monotone per group after refit) with prior weights. Sizes must match.
   void set(const std::vector<float>& values, const std::vector<double>& weights);
@@ -78,6 +82,7 @@ class Calibration {
   std::vector<int32_t> depth_edges_, match_edges_, depth_lut_, match_lut_;
   int32_t num_knots_;
   std::vector<float> values_;
+  uint64_t version_;
   std::vector<double> weights_, successes_;
   std::vector<uint8_t> dirty_;
   std::vector<int32_t> dirty_list_;

