@@ -10,7 +10,8 @@ import pytest
 import sssd
 import torch
 from sssd.engine.engine import Engine, EngineConfig
-from sssd.engine.recycle import TopKRecorder
+from sssd.engine.recycle import TopKRecorder, argmax_from_top
+from sssd.engine.sampling import SamplingParams
 from sssd.evaluation.pairs import Pair
 from sssd.evaluation.recycling import TeacherTopK
 from sssd.evaluation.simulator import simulate
@@ -140,3 +141,45 @@ def test_argmax_from_the_top_k_is_the_argmax():
         assert rec.add([7] * len(rows), [6] * len(rows), logits[rows], True) == want
     assert rec.add([7], [-1], logits[[1]], False) is None
     assert TopKRecorder(1).add([7], [6], logits[[1]], True) == [0]
+
+
+def test_argmax_from_the_top_k_row_by_row():
+    """Each row's argmax read off its top-k where its largest logit is unique; the others (a tie, a NaN)
+    take the argmax itself, whatever the other rows are; k = 1 cannot tell a tie: the argmax itself."""
+    logits = torch.tensor(
+        [[0.0, 2.0, 1.0, 2.0], [5.0, 1.0, 4.0, 0.0], [float("nan"), 1.0, 0.0, 0.0], [1.0, 1.0, 3.0, 1.0]]
+    )
+    want = logits.argmax(-1).tolist()
+    for k in (1, 2, 3):
+        values, ids = torch.topk(logits, k, dim=-1)
+        assert argmax_from_top(values, ids, logits).tolist() == want
+    for rows in ([1, 3], [0], [2, 0, 1]):
+        values, ids = torch.topk(logits[rows], 2, dim=-1)
+        assert argmax_from_top(values, ids, logits[rows]).tolist() == [want[r] for r in rows]
+
+
+def mixed(engine) -> list[list[int]]:
+    """Greedy and seeded sampling requests in one batch (every other one samples)."""
+    rids = [
+        engine.add_request(
+            p, SamplingParams(max_new_tokens=12, eos_token_ids=(), temperature=0.8 * (i % 2 == 0), seed=3 + i)
+        )
+        for i, p in enumerate(prompts())
+    ]
+    out = {}
+    while len(out) < len(rids):
+        out.update({e.request_id: e.result.tokens for e in engine.step() if e.finished})
+    return [out[r] for r in rids]
+
+
+@pytest.mark.parametrize("rows", ["walked", "all"])
+def test_sampling_beside_greedy_unchanged_by_recording(rows):
+    """Sampling requests next to greedy ones, the verifier's rows recorded (every node's: the walk reads
+    its argmax off the top-k, the sampled rows' logits from the same head call): the tokens are plain
+    decoding's (a retrieval drafter's trees carry no draft distributions: the draws are plain sampling's)."""
+    plain = Engine(tiny_model("llama"), config=EngineConfig(budget=0, budget_mode="fixed"))
+    engine = Engine(
+        tiny_model("llama"), drafter=Spy(rows), config=EngineConfig(budget=16, budget_mode="fixed")
+    )
+    assert mixed(engine) == mixed(plain)
+    assert engine.stats.accepted > 0 and engine.stats.drafter_errors == 0 and engine.drafter.recycled_rows > 0

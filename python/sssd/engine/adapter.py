@@ -95,6 +95,16 @@ class StepOutput:
         self._kept_logits = self._head_of(index)
         self._kept = {r: j for j, r in enumerate(index)}
 
+    def all_logits(self) -> torch.Tensor:
+        """Logits ``[N, vocab]`` of every packed row, in order, in one head call; kept for later
+        ``logits`` calls."""
+        n = len(self)
+        if self.head is None:
+            return self._head_of(None)
+        if self._kept_logits is None or len(self._kept) != n or any(self._kept.get(i) != i for i in range(n)):
+            self.prefetch(range(n))
+        return self._kept_logits
+
     def _head_of(self, index: Any) -> torch.Tensor:
         if self.row_of is not None:
             index = self.row_of if index is None else self.row_of[np.asarray(index, dtype=np.int64)]

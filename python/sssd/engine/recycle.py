@@ -39,25 +39,26 @@ class TopKRecorder:
             return None
         return cls(k, getattr(drafter, "recycle_rows", "walked") == "all")
 
-    def add(
-        self, tokens: list[int], prev: list[int], logits: torch.Tensor, want_argmax: bool = False
-    ) -> list[int] | None:
-        """tokens [r]: the token read at each row; prev [r]: the token before it (-1: none); logits
-        [r, vocab] of those rows. With want_argmax,
-        returns ``logits.argmax(-1)`` as a list: read off the top-k when every row's largest logit is
-        unique (then it is the argmax; ties and NaN take the argmax itself), which saves verification a
-        pass over the vocabulary."""
-        k = min(self.k, int(logits.shape[-1]))
-        values, ids = topk_rows(logits, k)
+    def top(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The top-k (values, ids), ``[r, k]`` each, of ``logits [r, vocab]``: what ``add_top`` keeps."""
+        return topk_rows(logits, min(self.k, int(logits.shape[-1])))
+
+    def add_top(self, tokens: list[int], prev: list[int], values: torch.Tensor, ids: torch.Tensor) -> None:
+        """tokens [r]: the token read at each row; prev [r]: the token before it (-1: none); values, ids
+        [r, k]: the top-k of those rows (``top``)."""
         self._tokens.extend(tokens)
         self._prev.extend(prev)
         self._ids.append(ids)
         self._logits.append(values)
-        if not want_argmax:
-            return None
-        if k >= 2 and bool((values[:, 0] > values[:, 1]).all()):
-            return ids[:, 0].tolist()
-        return argmax_rows(logits).tolist()
+
+    def add(
+        self, tokens: list[int], prev: list[int], logits: torch.Tensor, want_argmax: bool = False
+    ) -> list[int] | None:
+        """``add_top`` of the top-k of ``logits [r, vocab]``. With want_argmax, returns
+        ``logits.argmax(-1)`` as a list, read off the top-k where it can be (``argmax_from_top``)."""
+        values, ids = self.top(logits)
+        self.add_top(tokens, prev, values, ids)
+        return argmax_from_top(values, ids, logits).tolist() if want_argmax else None
 
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(tokens [n] int32, ids [n, k] int32, probs [n, k] float32, prev [n] int32):
@@ -71,3 +72,16 @@ class TopKRecorder:
         probs = np.where(np.isfinite(probs), probs, np.float32(1.0 / probs.shape[-1]))
         tokens = np.asarray(self._tokens, dtype=np.int32)
         return tokens, ids, probs.astype(np.float32, copy=False), np.asarray(self._prev, dtype=np.int32)
+
+
+def argmax_from_top(values: torch.Tensor, ids: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """``logits.argmax(-1)`` (int64 ``[r]``) given the rows' top-k (values, ids ``[r, k]``): a row's best id
+    where its largest logit is unique (then it is the argmax), the argmax itself where it is not or
+    cannot be told (a tie, a NaN, k = 1). Saves verification a pass over the vocabulary per row."""
+    if values.shape[-1] < 2:
+        return argmax_rows(logits)
+    out = ids[:, 0].clone()
+    unsure = torch.nonzero(~(values[:, 0] > values[:, 1])).flatten()  # NaN compares False: unsure too
+    if len(unsure):
+        out[unsure] = argmax_rows(logits[unsure])
+    return out

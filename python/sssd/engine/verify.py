@@ -19,8 +19,10 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import torch
 
 from sssd.engine.acceptance import specinfer_node
+from sssd.engine.recycle import argmax_from_top
 from sssd.engine.rowops import argmax_rows
 from sssd.engine.sampling import sample_from, target_probs
 from sssd.engine.trees import AcceptedPaths, TreeBatch
@@ -93,8 +95,10 @@ def verify_step(output: Any, batch: TreeBatch, reqs: list[Any], top_k: Any = Non
     head = getattr(output, "head_cost", None)
     fetched = False
     every = top_k is not None and top_k.every_node
-    if every:  # every node's row in one head call; the walk reads its rows from it
-        output.prefetch(np.arange(batch.num_nodes))
+    if every:  # every node's row in one head call, its top-k once; the walk's argmax read off them
+        full = output.all_logits()
+        top = top_k.top(full)
+        best = argmax_from_top(*top, full).cpu().numpy()
         fetched = True
     while len(active):
         rows = node[active]
@@ -103,14 +107,18 @@ def verify_step(output: Any, batch: TreeBatch, reqs: list[Any], top_k: Any = Non
             if head.all_at_once(len(rows), len(below)):
                 output.prefetch(below)
                 fetched = True
-        logits = output.logits(rows)  # [k, V]
         g = greedy[active]
-        if top_k is not None and not every:  # the argmax comes with the top-k where it is unique
+        if every:  # the rows themselves only for sampling
+            logits = None if g.all() else full[torch.as_tensor(rows)]
+            argmax = best[rows].tolist() if g.any() else None
+        elif top_k is not None:  # the argmax comes with the top-k where it is unique
+            logits = output.logits(rows)  # [k, V]
             prev = np.where(
                 batch.depth[rows] > 0, batch.tokens[batch.global_parents[rows]], root_prev[active]
             )
             argmax = top_k.add(batch.tokens[rows].tolist(), prev.tolist(), logits, bool(g.any()))
         else:
+            logits = output.logits(rows)
             argmax = argmax_rows(logits).tolist() if g.any() else None
         child, token = np.full(len(active), -1, np.int64), np.zeros(len(active), np.int64)
         if argmax is not None:
@@ -132,21 +140,23 @@ def verify_step(output: Any, batch: TreeBatch, reqs: list[Any], top_k: Any = Non
             head.level(bool(len(active)))
     owner, nodes = np.concatenate(walks), np.concatenate(walked)
     if every:
-        _record_every_node(batch, nodes, root_prev, output, top_k)
+        _record_every_node(batch, nodes, root_prev, top, top_k)
     order = np.argsort(owner, kind="stable")  # by request, root first (levels were appended in order)
     offsets = np.zeros(b + 1, np.int64)
     np.cumsum(np.bincount(owner, minlength=b), out=offsets[1:])
     return AcceptedPaths.build(batch, nodes[order], offsets, next_tokens)
 
 
-def _record_every_node(batch: TreeBatch, walked: np.ndarray, root_prev: np.ndarray, output: Any, top_k: Any):
-    """Every node's row to ``top_k``: the nodes off the accepted paths first, then the walked ones (a
-    later row of the same token wins in the drafter's table: the accepted context's prediction is kept)."""
+def _record_every_node(batch: TreeBatch, walked: np.ndarray, root_prev: np.ndarray, top: tuple, top_k: Any):
+    """Every node's row to ``top_k`` (top: the top-k of every node, in node order): the nodes off the
+    accepted paths first, then the walked ones (a later row of the same token wins in the drafter's
+    table: the accepted context's prediction is kept)."""
     off_path = np.ones(batch.num_nodes, bool)
     off_path[walked] = False
     order = np.concatenate([np.flatnonzero(off_path), walked])
     prev = np.where(batch.depth > 0, batch.tokens[batch.global_parents], root_prev[batch.tree_of])
-    top_k.add(batch.tokens[order].tolist(), prev[order].tolist(), output.logits(order))
+    at = torch.as_tensor(order)
+    top_k.add_top(batch.tokens[order].tolist(), prev[order].tolist(), top[0][at], top[1][at])
 
 
 def _draw(batch: TreeBatch, lookup: ChildLookup, req: Any, node: int, logits_row: Any, spec: bool):
