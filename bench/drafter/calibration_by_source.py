@@ -8,7 +8,7 @@ development prompts, the bundled datastore, greedy.
 
 The adaptive policy buys nodes by these estimates (sssd.policy.goodput): a source whose ratio (accepted /
 predicted) is below 1 makes it buy nodes that do not pay. The shipped table's recycled rows were fitted at
-a fixed budget, where the engine tests most of what the source proposes; the policy's small trees test
+a fixed budget (64), where the engine tests much of what the source proposes; the policy's small trees test
 only its best-scored nodes.
 """
 
