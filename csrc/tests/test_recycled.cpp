@@ -157,6 +157,66 @@ TEST(recycled_bounds_follow_the_calibration) {
   CHECK_EQ(added(low), 0);
 }
 
+// A scratch reused across trees of every size (the drafter keeps one per thread) gives what a fresh one
+// gives: the slots a call touched are back to -1 after it, and a scratch a call left unclear (it threw)
+// is cleared by the next. The trees' f spread over many powers of two, with nodes on the bounds of the
+// relevance histogram's buckets (p of 1/2 and 1/4: f exactly on a bucket's edge and on 1/4 of the
+// max_new-th largest).
+TEST(recycled_scratch_reused_across_trees) {
+  uint64_t state = 12345;
+  auto next = [&](uint64_t n) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return (state >> 33) % n;
+  };
+  const int32_t vocab = 40, k = 4;
+  sssd::RecycledTable table(k, vocab, 64);
+  std::vector<int32_t> tokens, ids, prev;
+  std::vector<float> probs;
+  for (int32_t t = 0; t < vocab; ++t) {
+    tokens.push_back(t);
+    prev.push_back(static_cast<int32_t>(next(vocab)));
+    float q = 0.9f;
+    for (int32_t j = 0; j < k; ++j, q *= 0.5f) {
+      ids.push_back(static_cast<int32_t>(next(vocab)));
+      probs.push_back(q);
+    }
+  }
+  table.update(tokens.data(), vocab, ids.data(), probs.data(), k, prev.data());
+  const float ps[] = {0.5f, 0.25f, 0.9f, 0.3f, 0.05f, 0.7f, 0.125f};
+  sssd::RecycleScratch reused;
+  for (int32_t round = 0; round < 60; ++round) {
+    const auto n = static_cast<int32_t>(1 + next(round % 3 == 0 ? 300 : 40));
+    std::vector<Node> nodes;
+    for (int32_t i = 1; i < n; ++i) {
+      nodes.push_back({static_cast<int32_t>(next(static_cast<uint64_t>(i))), static_cast<int32_t>(next(vocab)),
+                       ps[next(7)], static_cast<int8_t>(next(3))});
+    }
+    sssd::RecycleParams params;
+    params.max_new = static_cast<int32_t>(next(40));
+    params.min_f = round % 2 == 0 ? 0.0 : 1e-4;
+    params.root_prev = static_cast<int32_t>(next(vocab));
+    if (round == 30) {  // as a call that threw leaves it: slots not cleared
+      reused.slot.assign(reused.slot.size() + 8, 7);
+      reused.slots_clear = false;
+    }
+    sssd::CandidateTree a = make_tree(static_cast<int32_t>(next(vocab)), nodes, params.max_new);
+    sssd::CandidateTree b = a;
+    sssd::RecycleScratch fresh;
+    sssd::expand_recycled(table, nullptr, params, a, fresh);
+    sssd::expand_recycled(table, nullptr, params, b, reused);
+    CHECK(reused.slots_clear);
+    CHECK_EQ(a.size(), b.size());
+    for (int32_t v = 0; v < a.size(); ++v) {
+      CHECK_EQ(a.tokens[v], b.tokens[v]);
+      CHECK_EQ(a.parents[v], b.parents[v]);
+      CHECK_EQ(a.source[v], b.source[v]);
+      CHECK(a.f[v] == b.f[v]);
+      CHECK(a.p[v] == b.p[v]);
+    }
+    for (int32_t s : reused.slot) CHECK_EQ(s, -1);
+  }
+}
+
 TEST(recycled_drafter_intake_and_drafting) {
   sssd::DrafterParams p;
   p.use_recycled = true;

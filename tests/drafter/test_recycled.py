@@ -257,6 +257,35 @@ def test_matches_the_oracle(case, seed):
         assert v == pytest.approx(want[key], rel=0, abs=0), key
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_matches_the_oracle_on_large_trees(seed):
+    """Trees of hundreds of nodes, their f over many powers of two (the relevance pass's histogram), with
+    p of 1/2, 1/4, 1/8 and 1 putting many f exactly on its buckets' edges and on 1/4 of the max_new-th
+    largest (the relevance bound)."""
+    rng = np.random.default_rng(seed)
+    vocab, n = 30, int(rng.integers(20, 400))
+    tree = {"tokens": [0], "parents": [-1], "p": [1.0], "f": [1.0], "source": [-1], "match_len": [0]}
+    ps = np.float32([0.5, 0.25, 0.125, 1.0, 0.9, 0.3, 0.05, 0.7, 0.6, 0.95])
+    for i in range(1, n):
+        u = int(rng.integers(max(0, i - 8), i))  # deep trees: parents among the last few nodes
+        tree["tokens"].append(int(rng.integers(vocab)))
+        tree["parents"].append(u)
+        tree["p"].append(float(ps[rng.integers(len(ps))]))
+        tree["f"].append(tree["f"][u] * tree["p"][-1])
+        tree["source"].append(int(rng.integers(3)))
+        tree["match_len"].append(int(rng.choice([1, 4, 9])))
+    table = {}
+    for t in range(vocab):
+        ids = rng.choice(vocab, size=3, replace=False).tolist()
+        table[t] = (ids, sorted(np.float32(rng.uniform(0, 1, 3)).tolist(), reverse=True))
+    opts = {"max_new": int(rng.choice([1, 8, 16, 40, 64])), "min_f": float(rng.choice([0.0, 1e-4]))}
+    cal = None if seed % 3 == 0 else random_table(seed).native()
+    got = native(tree, table, cal, **opts)
+    want = oracle(tree, table, cal, **opts)
+    for key, v in got.items():
+        assert v == pytest.approx(want[key], rel=0, abs=0), key
+
+
 def test_sources_and_old_tables():
     assert SOURCES[3:] == ("recycled", "rescored")
     old = CalibrationTable.identity().to_json()
