@@ -1,7 +1,7 @@
 """Fits python/sssd/data/calibration_default.json from a teacher-forced replay of the dev pairs.
 
 Usage: OMP_NUM_THREADS=2 PYTHONPATH=python python3 tools/fit_default_calibration.py [--budget 64] [--recycled]
-       [--engine --pairs 16 --new 96] (the shipped table: --recycled --engine --pairs 16 --new 96)
+       [--engine --pairs 16 --new 96 [--budget-mode adaptive]]
 Fits on the even-indexed dev pairs only (the odd-indexed ones stay held out for evaluation), datastore =
 smollm2_other_outputs (bench/corpora.py). Two rounds: observations from uncalibrated trees, then from
 trees drafted with the first fit (so the table also sees the nodes a calibrated drafter proposes); the
@@ -10,11 +10,15 @@ second fit uses both.
 shipped table, the other rows kept as they are, replaying with the source on: the model's top-8 along
 the pairs comes from a teacher-forced forward of the bundled SmolLM2 in float32 (sssd.models.teacher,
 cached).
---recycled --engine: the same rows fitted from the engine instead (greedy, float32, batch 1, a fixed
-budget, the bundled SmolLM2 generating --new tokens for each training prompt) with the drafter given every
-verified node's top-k (``recycle_rows="all"``): the table the source is drafted from in the engine, which
-a teacher-forced replay cannot feed (it knows the rows along the reference text only). The observations
-are the nodes the engine tested (their parent accepted), as the drafter's ``observe`` receives them.
+--recycled --engine: the same rows fitted from the engine instead (greedy, float32, batch 1, the
+bundled SmolLM2 generating --new tokens for each training prompt) with the drafter given every verified
+node's top-k (``recycle_rows="all"``): the table the source is drafted from in the engine, which a
+teacher-forced replay cannot feed (it knows the rows along the reference text only). The observations are
+the nodes the engine tested (their parent accepted), as the drafter's ``observe`` receives them. The budget
+is --budget every step, or with --budget-mode adaptive the adaptive policy's (capped at --budget): then the
+observations are the nodes that policy buys (its small trees test only the best-scored ones), not all a
+fixed budget tests. The shipped rows: --recycled --engine --pairs 16 --new 96 (fixed, 64); rows fitted
+under the adaptive policy measured no better end to end (docs/drafter.md).
 Prints the expected calibration error (ECE) of raw and calibrated scores on the held-out pairs.
 """
 
@@ -82,14 +86,16 @@ class _Recording(sssd.Drafter):
         return super().observe(request_ids, batch, on_path)
 
 
-def collect_engine(ds, pairs, budget: int, table, model, tok, new: int) -> dict[str, np.ndarray]:
+def collect_engine(
+    ds, pairs, budget: int, table, model, tok, new: int, mode: str = "fixed"
+) -> dict[str, np.ndarray]:
     """Tested nodes of the engine generating ``new`` tokens for each pair's prompt (see the docstring)."""
     cfg = sssd.DrafterConfig(
         calibration=table, online_calibration=False, use_recycled=True, recycle_rows="all"
     )
     drafter = _Recording(ds, cfg)
     engine = sssd.Engine(
-        model, tok, drafter=drafter, config=sssd.EngineConfig(budget=budget, budget_mode="fixed")
+        model, tok, drafter=drafter, config=sssd.EngineConfig(budget=budget, budget_mode=mode)
     )
     for i, p in enumerate(pairs):
         engine.generate([list(p.prompt_ids)], max_new_tokens=new)
@@ -134,6 +140,12 @@ def main() -> None:
         "--pairs", type=int, default=None, help="(--engine) training prompts (default: all even pairs)"
     )
     ap.add_argument("--new", type=int, default=128, help="(--engine) tokens generated per prompt")
+    ap.add_argument(
+        "--budget-mode",
+        choices=("fixed", "adaptive"),
+        default="fixed",
+        help="(--engine) the engine's budget: --budget every step, or the adaptive policy capped at --budget",
+    )
     args = ap.parse_args()
     pairs = load_pairs(PAIRS)
     train, held_out = pairs[0::2], pairs[1::2]
@@ -188,15 +200,15 @@ def fit_engine(args, ds, train, held_out, keep) -> None:
 
     torch.manual_seed(0)
     model, tok, _ = load_model(None, "float32")
-    first = collect_engine(ds, train, args.budget, keep, model, tok, args.new)
+    first = collect_engine(ds, train, args.budget, keep, model, tok, args.new, args.budget_mode)
     table = fit_from(first, keep)
-    second = collect_engine(ds, train, args.budget, table, model, tok, args.new)
+    second = collect_engine(ds, train, args.budget, table, model, tok, args.new, args.budget_mode)
     both = {k: np.concatenate([first[k], second[k]]) for k in first}
     table = fit_from(both, keep)
     table.save(args.out)
     print(f"fitted on {len(train)} prompts, {both['accepted'].size} observations -> {args.out}")
     for name, t in (("shipped", keep), ("refitted", table)):
-        test = collect_engine(ds, held_out, args.budget, t, model, tok, args.new)
+        test = collect_engine(ds, held_out, args.budget, t, model, tok, args.new, args.budget_mode)
         cal = t.apply(test["source"], test["depth"], test["match_len"], test["raw"])
         print(f"held-out, {name} table ({len(held_out)} prompts, {test['accepted'].size} tested nodes):")
         print(f"  ECE calibrated {calibration_error(cal, test['accepted']):.4f}")
