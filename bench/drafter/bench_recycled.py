@@ -116,12 +116,15 @@ def _drafters(ds, pairs, top, batch: int):
     return out
 
 
-def part_b(ds, rounds: int) -> None:
+def part_b(ds, rounds: int, requests: int = 400) -> None:
     import torch
 
     pairs = load_pairs(PAIRS)
     top = teacher(pairs)
-    print(f"\n(b) propose µs per request, median of {rounds} rounds, order alternating ({load()})\n")
+    print(
+        f"\n(b) propose µs per request, median of {rounds} rounds of ~{requests} requests, order alternating"
+        f" ({load()})\n"
+    )
     print(
         "| batch | budget | nodes/req | nodes/req +recycled | µs wall | µs wall +recycled | ratio "
         "| µs CPU | µs CPU +recycled | ratio |"
@@ -131,7 +134,7 @@ def part_b(ds, rounds: int) -> None:
         drafters = _drafters(ds, pairs, top, batch)
         for budget in (16, 64):
             wall, cpu = ([], []), ([], [])
-            reps = max(20, 400 // batch)
+            reps = max(20, requests // batch)
             for rnd in range(rounds):
                 for arm in (0, 1) if rnd % 2 == 0 else (1, 0):
                     d = drafters[arm]
@@ -247,6 +250,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--parts", default="a,b,c")
     ap.add_argument("--rounds", type=int, default=5, help="(b) timing rounds")
+    ap.add_argument(
+        "--round-requests",
+        type=int,
+        default=400,
+        help="(b) requests drafted per arm and round (in at least 20 calls)",
+    )
     ap.add_argument("--new", type=int, default=64, help="(c, d) new tokens per prompt")
     ap.add_argument("--dev", type=int, default=4, help="(c) development prompts besides the bundled ones")
     ap.add_argument(
@@ -278,7 +287,7 @@ def main() -> None:
     if "a" in parts:
         part_a(ds)
     if "b" in parts:
-        part_b(ds, args.rounds)
+        part_b(ds, args.rounds, args.round_requests)
     if "c" in parts:
         part_c(args)
     if "d" in parts:

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <exception>
 #include <functional>
 #include <stdexcept>
 #include <string>
@@ -116,81 +115,21 @@ void depth_bounds(const Calibration* cal, int32_t max_depth, std::vector<float>&
   }
 }
 
-// A histogram bucket of an f >= 0 by its double's bits: the exponent and two leading mantissa bits (four
-// buckets per power of two, ordered as the values are), kHistBuckets - 1 for f >= 1, 0 for f below
-// 2^-15.75 (~1.9e-5, under any useful min_f) and for 0. NaN (never an f: a product of calibrated p,
-// which sends NaN to 0) would land in the top bucket.
-constexpr int32_t kHistBuckets = 64;
-constexpr int64_t kHistTop = 1023 << 2;  // bits >> 50 of 1.0
-inline int32_t hist_bucket(double f) {
-  uint64_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
-  const int64_t key = static_cast<int64_t>(bits >> 50) - (kHistTop - (kHistBuckets - 1));
-  return static_cast<int32_t>(std::min<int64_t>(std::max<int64_t>(key, 0), kHistBuckets - 1));
-}
-// The smallest f of bucket b (> 0): the double whose bits start with the bucket's key.
-inline double hist_low(int32_t b) {
-  const uint64_t bits = static_cast<uint64_t>(b + (kHistTop - (kHistBuckets - 1))) << 50;
-  double f;
-  std::memcpy(&f, &bits, sizeof f);
-  return b > 0 ? f : 0.0;
-}
-
-// Nodes whose f is below this share of the max_new-th largest are left as they are: rescoring could not
-// lift one of them into the selection (the largest gain of agreement is far smaller), and a tree holds
-// hundreds of them (every source's continuations down to min_f).
-constexpr double kRelevance = 0.25;
-constexpr int32_t kRelevanceBuckets = 8;  // kRelevance = 2^-2: two powers of two, eight buckets lower
-
-// The relevant nodes of f[1 .. n) (f >= kRelevance x the max_new-th largest; all of them when there are
-// fewer), in node order, into `relevant`, with `above` and `scratch` as room. A histogram of the f finds
-// the bucket the max_new-th largest lies in: its lower edge bounds that value from below, so one pass
-// lists the nodes at or above kRelevance x the edge (the relevant ones and a few more: not most of the
-// tree, whose f are mostly far smaller than its best max_new), and the max_new-th largest is selected
-// among those of them at or above the edge. Two sub-histograms, summed after, keep consecutive f of one
-// bucket from waiting on each other's count.
-void find_relevant(const std::vector<double>& f, int32_t n, int32_t max_new, std::vector<int32_t>& relevant,
-                   std::vector<int32_t>& above, std::vector<double>& scratch) {
-  relevant.clear();
-  if (max_new <= 0 || n - 1 < max_new) {
-    for (int32_t v = 1; v < n; ++v) relevant.push_back(v);
-    return;
-  }
-  int32_t count[2][kHistBuckets] = {};
-  int32_t v = 1;
-  for (; v + 1 < n; v += 2) {
-    ++count[0][hist_bucket(f[v])];
-    ++count[1][hist_bucket(f[v + 1])];
-  }
-  if (v < n) ++count[0][hist_bucket(f[v])];
-  int32_t b = kHistBuckets - 1;
-  for (int32_t seen = 0; b > 0; --b) {  // the bucket holding the max_new-th largest (0: the rest)
-    seen += count[0][b] + count[1][b];
-    if (seen >= max_new) break;
-  }
-  const double low = hist_low(b);
-  const double low_relevant = hist_low(std::max(b - kRelevanceBuckets, 0));  // kRelevance x low, exactly
-  above.resize(static_cast<size_t>(n));
+// The max_new-th largest of f[1 .. n) (0 when there are fewer), with `scratch` as room. The smallest of
+// any max_new of them is a lower bound of it: only the f at or above that bound are copied and selected
+// among (a tree's f are mostly far smaller than its best max_new).
+double nth_largest(const std::vector<double>& f, int32_t n, int32_t max_new, std::vector<double>& scratch) {
+  if (max_new <= 0 || n - 1 < max_new) return 0.0;
+  const double low = *std::min_element(f.begin() + 1, f.begin() + 1 + max_new);
+  scratch.resize(static_cast<size_t>(n));
   size_t m = 0;
-  for (v = 1; v < n; ++v) {
-    above[m] = v;
-    m += f[v] >= low_relevant;  // no branch: the outcome is unpredictable
+  for (int32_t v = 1; v < n; ++v) {
+    scratch[m] = f[v];
+    m += f[v] >= low;  // no branch: the outcome is unpredictable
   }
-  scratch.clear();
-  for (size_t i = 0; i < m; ++i) {
-    if (f[above[i]] >= low) scratch.push_back(f[above[i]]);
-  }
-  // A NaN f (never one: a product of calibrated p, which sends NaN to 0) is counted but not listed: then
-  // the bound stands in for the value.
-  double nth = low;
-  if (scratch.size() >= static_cast<size_t>(max_new)) {
-    std::nth_element(scratch.begin(), scratch.begin() + (max_new - 1), scratch.end(), std::greater<double>());
-    nth = scratch[static_cast<size_t>(max_new - 1)];
-  }
-  const double cut = kRelevance * nth;
-  for (size_t i = 0; i < m; ++i) {
-    if (f[above[i]] >= cut) relevant.push_back(above[i]);
-  }
+  std::nth_element(scratch.begin(), scratch.begin() + (max_new - 1), scratch.begin() + static_cast<int64_t>(m),
+                   std::greater<double>());
+  return scratch[static_cast<size_t>(max_new - 1)];
 }
 
 // Bit j set: row[j].id == token (j < count <= kMaxRecycledK). No early exit: rows are short, and the
@@ -217,24 +156,14 @@ class Expander {
     }
     s.heap.clear();
     s.touched.clear();
-    // Not cleared per call: a call sets the slots of the nodes it touches and puts them back to -1 when it
-    // ends (~30-100 of them, not the tree's hundreds); a call that threw left them as they were.
-    const auto need = static_cast<size_t>(t.size() + params.max_new);
-    if (!s.slots_clear) std::fill(s.slot.begin(), s.slot.end(), -1);
-    if (s.slot.size() < need) s.slot.resize(need, -1);
-    s.slots_clear = false;
-  }
-  // Every touched node's slot back to -1: the state the next call starts from.
-  ~Expander() {
-    if (std::uncaught_exceptions() > 0) return;  // slots_clear stays false: the next call clears them all
-    for (const Touched& r : s_.touched) s_.slot[static_cast<size_t>(r.node)] = -1;
-    s_.slots_clear = true;
+    // Sized, not cleared: list_relevant writes every entry of the tree's nodes, touch() the new ones'.
+    if (s.slot.size() < static_cast<size_t>(t.size() + params.max_new)) {
+      s.slot.resize(static_cast<size_t>(t.size() + params.max_new));
+    }
   }
 
   void run() {
-    find_relevant(t_.f, t_.size(), params_.max_new, s_.relevant, s_.above, s_.best);
-    touch(0);
-    for (int32_t v : s_.relevant) touch(v);
+    list_relevant(kRelevance * nth_largest(t_.f, t_.size(), params_.max_new, s_.best));
     rescore();
     init_best();
     push_next(0, 0);
@@ -251,6 +180,10 @@ class Expander {
   }
 
  private:
+  // Nodes whose f is below this share of the max_new-th largest are left as they are: rescoring could
+  // not lift one of them into the selection (the largest gain of agreement is far smaller), and a tree
+  // holds hundreds of them (every source's continuations down to min_f).
+  static constexpr double kRelevance = 0.25;
   static constexpr uint64_t kMasked = uint64_t{1} << 63;  // taken: the children's ranks are in
 
   int32_t prev_of(int32_t v) const { return v == 0 ? params_.root_prev : t_.tokens[t_.parents[v]]; }
@@ -259,7 +192,12 @@ class Expander {
     int32_t& k = s_.slot[static_cast<size_t>(v)];
     if (k < 0) {
       k = static_cast<int32_t>(s_.touched.size());
-      s_.touched.push_back({nullptr, 0, -1, v, false});
+      s_.touched.resize(s_.touched.size() + 1);  // in place (a pushed temporary is copied through the stack)
+      Touched& r = s_.touched.back();
+      r.row = nullptr;
+      r.count = -1;
+      r.pair = false;
+      r.taken = 0;
     }
     return s_.touched[static_cast<size_t>(k)];
   }
@@ -279,6 +217,19 @@ class Expander {
     return cal_ != nullptr ? cal_->apply(source, depth, match, raw) : raw;
   }
   bool good(double f) const { return f >= params_.min_f && f > floor_; }
+
+  // s_.relevant: the nodes with f >= relevant, parents first; every node's slot is set (-1: untouched).
+  void list_relevant(double relevant) {
+    s_.relevant.clear();
+    s_.slot[0] = -1;
+    touch(0);
+    for (int32_t v = 1; v < t_.size(); ++v) {
+      s_.slot[static_cast<size_t>(v)] = -1;
+      if (t_.f[v] < relevant) continue;
+      s_.relevant.push_back(v);
+      touch(v);
+    }
+  }
 
   // Every relevant retrieval node (match shorter than kRescoreMaxMatch) whose token is in its parent's
   // row gets p = cal(kRescoredSource, depth, recycled_match(its rank), its retrieval p); then its f
@@ -365,6 +316,7 @@ class Expander {
     const int32_t match = recycled_match(e.rank, r.pair);
     push_next(e.node, e.rank + 1);  // may grow s_.touched: r is not used past here
     const int32_t v = t_.new_child(e.node, token);
+    s_.slot[static_cast<size_t>(v)] = -1;
     touch(v).taken = kMasked;  // no children
     ++added_;
     t_.source[v] = static_cast<int8_t>(kRecycledSource);

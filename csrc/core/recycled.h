@@ -95,7 +95,7 @@ class RecycledTable {
   // A row's candidates come first, then ids -1.
   int32_t count(const RecycledCandidate* row) const {
     int32_t c = 0;
-    for (int32_t j = 0; j < k_; ++j) c += row[j].id >= 0;  // no early exit: a row's count varies
+    while (c < k_ && row[c].id >= 0) ++c;
     return c;
   }
   // Writes the distinct ids of ids[0 .. w) (and their probs) to out, the rest of its k entries empty.
@@ -130,19 +130,16 @@ struct RecycleScratch {
   // A node the expansion reads (the root, the relevant nodes, the new ones): its row, looked up once.
   struct Touched {
     const RecycledCandidate* row;
-    uint64_t taken;  // bit j: the node has its rank-j candidate as a child; bit 63: the bits are in
     int32_t count;   // candidates in the row (-1: not looked up yet)
-    int32_t node;    // the tree node
     bool pair;       // a (previous token, token) pair's row
+    uint64_t taken;  // bit j: the node has its rank-j candidate as a child; bit 63: the bits are in
   };
   using EdgeKey = unsigned __int128;  // an Edge packed as one integer (recycled.cpp: edge_key)
   std::vector<EdgeKey> heap;         // max-heap of the candidate edges
   std::vector<double> best;         // min-heap of the max_new largest f in the tree
   std::vector<int32_t> slot;        // [tree nodes] index in `touched` (-1: not touched)
-  bool slots_clear = true;          // every slot is -1 (between calls; a call that threw leaves false)
   std::vector<Touched> touched;     // [touched nodes]
   std::vector<int32_t> relevant;    // the nodes rescored
-  std::vector<int32_t> above;       // the nodes that may be relevant (f at or above a bound of it)
   std::vector<float> bound;         // [max_depth + 1] largest calibrated p of a candidate at each depth
   uint64_t bound_version = 0;       // of the calibration `bound` was computed from (0: none, p = raw)
   int32_t bound_depth = -1;         // and its max_depth (-1: not computed yet)

@@ -259,9 +259,9 @@ def test_matches_the_oracle(case, seed):
 
 @pytest.mark.parametrize("seed", range(40))
 def test_matches_the_oracle_on_large_trees(seed):
-    """Trees of hundreds of nodes, their f over many powers of two (the relevance pass's histogram), with
-    p of 1/2, 1/4, 1/8 and 1 putting many f exactly on its buckets' edges and on 1/4 of the max_new-th
-    largest (the relevance bound)."""
+    """Trees of hundreds of nodes (the hypothesis cases have at most 8), their f over many powers of two,
+    with p of 1/2, 1/4, 1/8 and 1 putting many f exactly on 1/4 of the max_new-th largest (the relevance
+    bound) and on each other (ties)."""
     rng = np.random.default_rng(seed)
     vocab, n = 30, int(rng.integers(20, 400))
     tree = {"tokens": [0], "parents": [-1], "p": [1.0], "f": [1.0], "source": [-1], "match_len": [0]}
