@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import sssd
-from sssd.batch import accumulated_probs, take_nodes, tree_index, tree_sums
+from sssd.batch import accumulated_probs, global_parents, reached_nodes, take_nodes, tree_index, tree_sums
 
 
 def _paths(tokens, parents, offsets) -> list[set[tuple[int, ...]]]:
@@ -24,6 +24,22 @@ def _paths(tokens, parents, offsets) -> list[set[tuple[int, ...]]]:
 
 def test_tree_index():
     assert tree_index(np.array([0, 2, 3, 3 + 4])).tolist() == [0, 0, 1, 2, 2, 2, 2]
+
+
+def test_global_parents_and_reached_nodes():
+    @dataclass
+    class Batch:
+        offsets: np.ndarray
+        parents: np.ndarray
+
+    # tree 0: root, 1 <- 0, 2 <- 0, 3 <- 1; tree 1: root, 1 <- 0
+    b = Batch(np.array([0, 4, 6]), np.array([-1, 0, 0, 1, -1, 0]))
+    assert global_parents(b.offsets, b.parents).tolist() == [-1, 0, 0, 1, -1, 4]
+    on_path = np.array([True, True, False, False, True, False])
+    # tested: the children of an accepted node (0's children 1 and 2, 1's child 3, tree 1's node 5)
+    assert reached_nodes(b, on_path).tolist() == [False, True, True, True, False, True]
+    on_path[1] = False
+    assert reached_nodes(b, on_path).tolist() == [False, True, True, False, False, True]
 
 
 def test_draft_batch_take_keeps_paths_ranks_and_gain():

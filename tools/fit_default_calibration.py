@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 import sssd
-from sssd.batch import tree_index
+from sssd.batch import reached_nodes
 from sssd.drafter.calibration import SOURCES, CalibrationTable, calibration_error, default_table, fit
 from sssd.evaluation.pairs import load_pairs
 from sssd.evaluation.simulator import simulate
@@ -73,11 +73,7 @@ class _Recording(sssd.Drafter):
 
     def observe(self, request_ids, batch, on_path):
         on_path = np.asarray(on_path, bool)
-        offsets = np.asarray(batch.offsets, np.int64)
-        parents = np.asarray(batch.parents, np.int64)
-        inner = np.flatnonzero(parents >= 0)
-        glob_parent = parents[inner] + offsets[tree_index(offsets)[inner]]
-        tested = inner[on_path[glob_parent]]  # the parent accepted: the node was tested
+        tested = reached_nodes(batch, on_path)
         self.seen.append({
             "source": np.asarray(batch.source)[tested], "depth": np.asarray(batch.depth)[tested],
             "match_len": np.asarray(batch.match_len)[tested], "raw": np.asarray(batch.raw_score)[tested],

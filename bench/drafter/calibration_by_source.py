@@ -21,6 +21,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+from sssd.batch import reached_nodes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: the shared helpers (corpora)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -38,10 +39,7 @@ class SourceTally:
         drafter.observe = self.observe
 
     def observe(self, rids, batch, on_path):
-        parents, offsets = np.asarray(batch.parents), np.asarray(batch.offsets)
-        tree = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
-        glob = np.where(parents >= 0, parents + offsets[tree], -1)
-        tested = (glob >= 0) & on_path[np.maximum(glob, 0)]  # a node is tested when its parent was accepted
+        tested = reached_nodes(batch, on_path)
         source, p = np.asarray(batch.source), np.asarray(batch.probs, dtype=np.float64)
         for s in np.unique(source[tested]).tolist():
             m = tested & (source == s)

@@ -22,6 +22,20 @@ def tree_index(offsets: np.ndarray) -> np.ndarray:
     return np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
 
 
+def global_parents(offsets: np.ndarray, parents: np.ndarray) -> np.ndarray:
+    """``[N]`` int64: each node's parent as an index into the whole batch (-1 for roots)."""
+    offsets = np.asarray(offsets, np.int64)
+    parents = np.asarray(parents, np.int64)
+    return np.where(parents >= 0, parents + offsets[:-1][tree_index(offsets)], -1)
+
+
+def reached_nodes(batch: Any, on_path: np.ndarray) -> np.ndarray:
+    """``[N]`` bool: the nodes verification reached (tested), those whose parent is on the accepted
+    path ``on_path`` (``[N]`` bool; roots are never tested)."""
+    glob = global_parents(batch.offsets, batch.parents)
+    return (glob >= 0) & np.asarray(on_path, bool)[np.maximum(glob, 0)]
+
+
 def tree_sums(values: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """``[B]`` float64: the sum of ``values`` (``[N]``) over each tree's nodes (0 for an empty batch)."""
     offsets = np.asarray(offsets, np.int64)
@@ -37,7 +51,7 @@ def accumulated_probs(batch: Any) -> np.ndarray:
     offsets = np.asarray(batch.offsets, np.int64)
     depth = np.asarray(batch.depth)
     f = np.ones(len(parents), dtype=np.float64)
-    glob_parent = np.where(parents >= 0, parents + offsets[tree_index(offsets)], -1)
+    glob_parent = global_parents(offsets, parents)
     for d in range(1, int(depth.max(initial=0)) + 1):
         sel = np.flatnonzero(depth == d)
         f[sel] = f[glob_parent[sel]] * probs[sel]
@@ -228,9 +242,8 @@ def check_path_mask(batch: Any, on_path: Any) -> np.ndarray:
         )
     if not on_path[offsets[:-1]].all():
         raise ValueError("on_path must mark the root of every tree (the path starts there)")
-    tree = tree_index(offsets)
     nonroot = parents >= 0
-    glob_parent = np.where(nonroot, parents + offsets[:-1][tree], 0)
+    glob_parent = global_parents(offsets, parents)
     marked = on_path & nonroot
     if np.any(~on_path[glob_parent[marked]]):
         raise ValueError("on_path marks a node whose parent it does not mark: not a path from the root")

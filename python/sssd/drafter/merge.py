@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from sssd.batch import check_path_mask, take_nodes, tree_index
+from sssd.batch import check_path_mask, global_parents, take_nodes
 from sssd.checks import check_int, int_array
 from sssd.drafter.assemble import Candidates, ModelDraftBatch, build_batch, select
 from sssd.drafter.contexts import RequestContexts
@@ -274,7 +274,7 @@ def _split_path(source: Any, merged_node: np.ndarray, on_path: np.ndarray) -> np
     first (the accepted tokens take the first child that holds them)."""
     offsets = np.asarray(source.offsets, np.int64)
     parents = np.asarray(source.parents, np.int64)
-    glob_parent = np.where(parents >= 0, parents + offsets[:-1][tree_index(offsets)], -1)
+    glob_parent = global_parents(offsets, parents)
     on_merged = (merged_node >= 0) & on_path[np.maximum(merged_node, 0)]
     mark = np.zeros(len(merged_node), bool)
     mark[offsets[:-1]] = True

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from sssd.batch import on_path_mask, tree_index
+from sssd.batch import global_parents, on_path_mask, tree_index
 from sssd.evaluation.pairs import Pair
 
 ALLOCATIONS = ("per-request", "global")
@@ -106,8 +106,7 @@ def accepted_lengths(
     matched[v] = v and all its ancestors equal the targets (roots are matched).
     """
     n = tokens.shape[0]
-    tree = tree_index(offsets)
-    glob_parent = np.where(parents >= 0, offsets[:-1][tree] + parents, -1)
+    glob_parent = global_parents(offsets, parents)
     nonroot = parents >= 0
     if np.any(glob_parent[nonroot] >= np.arange(n)[nonroot]):
         raise ValueError("draft batch is not topological: a parent index is >= its node's index")
