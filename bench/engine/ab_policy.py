@@ -10,7 +10,11 @@ explore_every=4,min_gain=0``), ``prior_slope=S``: the built-in relative cost pri
 ``prior_weight=W``:
 the ``CostModel`` options. Either kind takes ``head=lazy`` (``fixed:16,head=lazy``): verification asks the
 output head for one level of the accepted paths per call, never for all remaining rows at once (the
-adapter's ``head_cost`` off).
+adapter's ``head_cost`` off); ``head=steps``: the policy's cost model records each step's head time as
+calls of one row per request and prices a step's head as one such call per expected level, apart from
+the head's own record of its calls (how it was before ``CostModel.share_head``).
+``--recycled all|walked``: every variant's drafter with the recycled candidates (``DrafterConfig``'s
+``use_recycled``, ``recycle_rows``).
 Every adaptive variant may choose up to ``--cap`` nodes (``adaptive:budget=16``: up to 16). Prints, per
 round, each variant's tokens/s, its ratio to the first variant and its tokens per forward. ``--replay``:
 every variant writes the engine's plain decoding's text (``bench/engine/replay.py``), so that bfloat16
@@ -25,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import sssd
 import sssd.policy.cost_model as cost_model
 import torch
@@ -34,6 +39,7 @@ from sssd.data import sample_corpus, sample_vocab_size
 from sssd.models.loading import chat_ids, load_model
 from sssd.policy.adaptive import BudgetConfig, BudgetPolicy
 from sssd.policy.contention import ContentionMeter, worst
+from sssd.policy.head_cost import HeadCost
 
 
 def parse_variant(text: str) -> tuple[str, int | None, dict, dict]:
@@ -67,20 +73,25 @@ def parse_variant(text: str) -> tuple[str, int | None, dict, dict]:
     return kind, None, fields, cost
 
 
-def make_engine(variant, model, tok, ds, batch: int, cap: int):
-    engine = _engine(variant, model, tok, ds, batch, cap)
+def make_engine(variant, model, tok, ds, batch: int, cap: int, recycled: str | None = None):
+    engine = _engine(variant, model, tok, ds, batch, cap, recycled)
     head = variant[3].get("head", "plan")
-    if head not in ("plan", "lazy"):
-        raise SystemExit(f"head must be plan or lazy, got {head!r}")
+    if head not in ("plan", "lazy", "steps"):
+        raise SystemExit(f"head must be plan, lazy or steps, got {head!r}")
     if head == "lazy":
         engine.adapter.head_cost = None
+    cost = getattr(engine.policy, "cost", None)
+    if head == "steps" and cost is not None:
+        cost.head_per_call = cost.head_one_call = False
+        engine.adapter.head_cost = HeadCost()
     return engine
 
 
-def _engine(variant, model, tok, ds, batch: int, cap: int):
+def _engine(variant, model, tok, ds, batch: int, cap: int, recycled: str | None = None):
     kind, k, fields, cost = variant
     cost = {key: v for key, v in cost.items() if key != "head"}
-    drafter = sssd.Drafter(datastore=ds)
+    rec = {} if recycled is None else {"use_recycled": True, "recycle_rows": recycled}
+    drafter = sssd.Drafter(datastore=ds, config=sssd.DrafterConfig(**rec))
     if kind == "fixed":
         return sssd.Engine(
             model,
@@ -100,6 +111,16 @@ def _engine(variant, model, tok, ds, batch: int, cap: int):
         cost_model.DEFAULT_FORWARD = default
     config = sssd.EngineConfig(budget=cap, max_batch_size=batch, policy=policy)
     return sssd.Engine(model, tok, drafter=drafter, config=config)
+
+
+def prediction_error(name: str, engine) -> str | None:
+    """How well an adaptive variant's cost model predicted its steps: the median of predicted / measured
+    step time and the mean of its distance to 1, over the steps in the policy's trace (None: no trace)."""
+    trace = [t for t in getattr(engine.policy, "trace", ()) if t.step_s > 0]
+    if not trace:
+        return None
+    r = np.array([t.predicted_s / t.step_s for t in trace])
+    return f"{name} median {np.median(r):.3f}, mean |r - 1| {np.mean(np.abs(r - 1)):.3f} ({len(r)} steps)"
 
 
 def same_text(name: str, turns: list, ref: list) -> str:
@@ -123,6 +144,9 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--cap", type=int, default=32, help="the adaptive variants' largest budget")
+    ap.add_argument(
+        "--recycled", choices=["all", "walked"], help="every drafter with the recycled candidates"
+    )
     ap.add_argument(
         "--replay", action="store_true",
         help="every variant writes the engine's plain decoding's text (bench/engine/replay.py): equal texts",
@@ -148,7 +172,7 @@ def main() -> int:
                 refs.update({tuple(p): list(o.tokens) for p, o in zip(chunk, out, strict=True)})
             replay = Replay(refs)
         for r in range(args.rounds):
-            engines = [make_engine(v, model, tok, ds, args.batch, args.cap) for v in variants]
+            engines = [make_engine(v, model, tok, ds, args.batch, args.cap, args.recycled) for v in variants]
             tokens, secs, steps = [0] * len(variants), [0.0] * len(variants), [0] * len(variants)
             turns = [[] for _ in variants]  # per chunk: (tokens, seconds, outputs)
             meters = [ContentionMeter(torch.get_num_threads()) for _ in variants]  # each over its own turns
@@ -171,6 +195,9 @@ def main() -> int:
             # every ratio of the round is to the first variant: one slowed variant moves them all
             busy = worst(*(m.reading() for m in meters)).mark()
             print(f"round {r + 1}: " + ", ".join(cells) + (f"; {busy}" if busy else ""), flush=True)
+            fits = [prediction_error(name, e) for name, e in zip(args.variants, engines, strict=True)]
+            if any(fits):
+                print("  predicted / measured step time: " + ", ".join(filter(None, fits)), flush=True)
             pairs = zip(args.variants[1:], turns[1:], strict=True)
             same = ", ".join(same_text(name, t, turns[0]) for name, t in pairs)
             print(

@@ -159,3 +159,36 @@ def test_speculative_greedy_equals_plain_greedy_whichever_way_the_head_is_asked(
         engine.adapter.head_cost = plan
         got = [r.tokens for r in engine.generate(prompts, max_new_tokens=20, eos_token_ids=())]
         assert got == want, f"head plan {plan and plan.cost}"
+
+
+def test_the_engine_shares_one_head_model_between_verification_and_the_policy(tmp_path):
+    """The policy's cost model (a profile's head included) is the one verification reads and the head
+    records its calls in, by rows; where verification asks for every row (the recycled candidates'
+    every-node rows) the policy prices a step's head as that one call."""
+    import sssd
+    from sssd.policy.cost_model import CostModel
+
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(2, VOCAB, size=8).tolist() for _ in range(2)]
+    truth = {i: p + rng.integers(2, VOCAB, size=30).tolist() for i, p in enumerate(prompts)}
+    engine = Engine(
+        tiny_model("llama"),
+        drafter=OracleDrafter(VOCAB, truth, p_wrong=0.3, seed=1),
+        config=EngineConfig(budget=8, max_batch_size=2),
+    )
+    cost = engine.policy.cost
+    assert engine.adapter.head_cost is cost.head and cost.head_per_call and not cost.head_one_call
+    engine.generate(prompts, max_new_tokens=12, eos_token_ids=())
+    assert cost.head.measured and max(cost.head.cost) > 2  # calls of more rows than requests, as made
+
+    profile = CostModel()
+    profile.head.record(4, 0.003)
+    profile.save(tmp_path / "p.json")
+    drafter = sssd.Drafter(config=sssd.DrafterConfig(use_recycled=True, recycle_rows="all", vocab_size=VOCAB))
+    seeded = Engine(
+        tiny_model("llama"), drafter=drafter, config=EngineConfig(cost_profile=str(tmp_path / "p.json"))
+    )
+    assert seeded.adapter.head_cost is seeded.policy.cost.head and seeded.policy.cost.head_one_call
+    assert seeded.adapter.head_cost.cost == {4: pytest.approx(0.003)}
+    fixed = Engine(tiny_model("llama"), config=EngineConfig(budget=4, budget_mode="fixed"))
+    assert isinstance(fixed.adapter.head_cost, HeadCost)  # no cost model: verification's own

@@ -65,3 +65,47 @@ def test_a_profile_keeps_the_heads_calls_and_rejects_bad_ones(tmp_path):
         HeadCost.from_dict({"rows": [4], "call_s": [-1.0]})
     with pytest.raises(ValueError, match="head"):
         HeadCost.from_dict({"rows": [4, 8], "call_s": [0.1]})
+
+
+def test_a_step_is_priced_by_the_rows_it_asks_for_when_calls_are_recorded_by_rows():
+    """Calls measured by their own rows: a candidate costs one call of B rows per level or one call of all
+    B + k rows, whichever is cheaper (verification's choice), or that one call where every row is asked
+    for; without the nodes, one call per level as before."""
+    head = HeadCost()
+    for rows, ms in ((1, 8.0), (2, 8.5), (4, 9.0), (8, 11.0), (16, 20.0)):
+        head.record(rows, ms)
+    levels, nodes = [0.0, 0.5, 2.0, 0.1], [0, 3, 7, 15]
+    np.testing.assert_allclose(head.step_s(1, levels), [8.0, 12.0, 24.0, 8.8])
+    np.testing.assert_allclose(head.step_s(1, levels, nodes), [8.0, 9.0, 11.0, 8.8])
+    np.testing.assert_allclose(head.step_s(1, levels, nodes, one_call=True), [8.0, 9.0, 11.0, 20.0])
+    np.testing.assert_allclose(head.step_s(2, 0.0, [0, 30], one_call=True), [8.5, 20.0])  # 32 rows: 16's
+
+
+def test_a_shared_head_is_recorded_by_its_calls_and_priced_by_its_rows():
+    """share_head: observe leaves the head's calls to the head (recorded where they are made), and a
+    prediction prices each candidate by the rows its step asks for."""
+    steps = [
+        StepRecord(1, 300, 1 + k, k, (k // 4,), forward_s=0.05 + 0.001 * k + 0.01, head_s=0.01, head_calls=1)
+        for k in range(0, 17, 4)
+    ]
+    apart, shared = CostModel(prior_weight=0.0), CostModel(prior_weight=0.0)
+    head = shared.share_head()
+    assert head is shared.head and shared.head_per_call and not shared.head_one_call
+    for rows, s in ((1, 0.008), (8, 0.011), (16, 0.02)):
+        head.record(rows, s)
+    for cm in (apart, shared):
+        for _ in range(4):
+            cm.fit(steps)
+    assert shared.head.cost == {1: 0.008, 8: 0.011, 16: 0.02}  # observe added nothing
+    assert apart.head.cost == {1: pytest.approx(0.01)}  # a step's head time, as calls of one row
+    kw = dict(drafted=False, tree_pairs=0.0, head_levels=[0.0, 2.0, 0.5])
+    ks = [0, 7, 15]
+    # the same forward fitted without the head; the heads: (1 + levels) x 0.01 apart, and shared
+    # 0.008 | min(0.011, 3 x 0.008) | min(0.02, 1.5 x 0.008)
+    diff = shared.predict(1, 300, ks, **kw).forward - apart.predict(1, 300, ks, **kw).forward
+    np.testing.assert_allclose(diff, [0.008 - 0.01, 0.011 - 0.03, 0.012 - 0.015], atol=1e-9)
+    every = CostModel(prior_weight=0.0)
+    every.share_head(head, one_call=True)
+    assert every.head is head and every.head_one_call
+    got = every.head.step_s(1, [0.0, 2.0, 0.5], [0, 7, 15], one_call=True)
+    np.testing.assert_allclose(got, [0.008, 0.011, 0.02])

@@ -67,6 +67,7 @@ from sssd.engine.trees import AcceptedPaths, TreeBatch, check_drafts, root_trees
 from sssd.engine.verify import verify_step
 from sssd.kernels.linear import LINEAR_BACKENDS
 from sssd.policy.budget_mode import check_budget_mode, default_policy
+from sssd.policy.cost_model import CostModel
 from sssd.policy.interface import DEFAULT_BUDGET, StepRecord, StepView
 
 log = logging.getLogger("sssd.engine")
@@ -181,6 +182,7 @@ class Engine(RequestsMixin, RunsMixin):
                     warnings.warn(warning, stacklevel=2)
         self.policy = self.config.policy or _default_policy(self.config)
         self._policy = PolicyGuard(self.policy)
+        self._share_head_cost(drafter)
         self.default_eos = eos_defaults(model, tokenizer)
         self.stats = EngineStats(history=deque(maxlen=self.config.history_size))
         self._guard = DrafterGuard(drafter) if drafter is not None else None
@@ -204,6 +206,15 @@ class Engine(RequestsMixin, RunsMixin):
         self._deferred_aborts: deque[int] = deque()  # abort() from inside a step: applied before the next
         self._watch: dict[int, GenerationResult | None] = {}  # generate/stream requests -> abort result
         self._watch_aborted: set[int] = set()  # those of them with an abort result
+
+    def _share_head_cost(self, drafter: Any) -> None:
+        """One measured model of the output head's calls for verification and the budget policy: the
+        policy's cost model (a profile's head included) becomes the adapter's, which records every call
+        by its rows, so the policy prices a step's head by the rows verification will ask for."""
+        cost = getattr(self.policy, "cost", None)
+        if isinstance(cost, CostModel):
+            recorder = TopKRecorder.for_drafter(drafter)
+            self.adapter.head_cost = cost.share_head(one_call=recorder is not None and recorder.every_node)
 
     # -- one step ------------------------------------------------------------------------------------
     @one_step_at_a_time

@@ -14,7 +14,9 @@ A step has three timed parts, each modelled as a function that is linear in its 
   of one such call. The head has one model, ``sssd.policy.head_cost.HeadCost`` (``CostModel.head``),
   which verification's choice of head calls reads too: where a step reports its head's time
   (``StepRecord.head_s``, the engine's), the head's calls are measured there and priced by it, all of
-  them, and the forward is fitted without them (``L`` is then 0); where it does not (a record without
+  them, and the forward is fitted without them (``L`` is then 0; with ``share_head``, the engine's, each
+  call is recorded by its own rows as it is made, and a candidate budget is priced at the cheaper of one
+  call per level and one call of all its rows); where it does not (a record without
   it: the vLLM proposer, simulations), ``v`` is fitted with the rest of the forward,
   ``N_batched`` the number of tokens scored in the forward (one root per request + the draft nodes), ``t``
   the fixed extra cost of a tree step over a plain decoding step (masks, tree attention path) and ``g``
@@ -210,7 +212,22 @@ class CostModel:
             VERIFY_FEATURES, np.array(verify or DEFAULT_VERIFY), relative_prior=verify is None, **slow
         )
         self.head = head if head is not None else HeadCost()
+        # the head's calls recorded where they are made, by their own row counts (``share_head``); else
+        # each step's head time is recorded here as calls of one row per request
+        self.head_per_call = False
+        self.head_one_call = False  # verification asks the head for every row of a step in one call
         self.meta = dict(meta or {})
+
+    def share_head(self, head: HeadCost | None = None, *, one_call: bool = False) -> HeadCost:
+        """The engine's output head records its own calls (rows, seconds) in this model's ``head`` (or in
+        ``head``, which becomes it): a step's head is then priced by the rows it will ask for, and
+        ``observe`` leaves the head's calls alone. ``one_call``: verification asks for every row of a
+        step in one call (the recycled candidates' every-node rows). Returns the shared model."""
+        if head is not None:
+            self.head = head
+        self.head_per_call = True
+        self.head_one_call = bool(one_call)
+        return self.head
 
     # -- prediction ---------------------------------------------------------------------------------
     def predict(
@@ -241,7 +258,11 @@ class CostModel:
         pairs = tree_pairs_estimate(batch_size, n_context, k) if tree_pairs is None else tree_pairs
         fwd = f[0] * n_context + token_segments(n_batched) @ f[_SEG] + f[_ATT] * np.asarray(pairs)
         levels = np.asarray(0.0 if head_levels is None else head_levels, dtype=np.float64)
-        fwd = fwd + (self.head.step_s(batch_size, levels) if self.head.measured else f[_LEV] * levels)
+        if self.head.measured:
+            nodes = k if self.head_per_call else None
+            fwd = fwd + self.head.step_s(batch_size, levels, nodes, self.head_one_call)
+        else:
+            fwd = fwd + f[_LEV] * levels
         fwd = fwd + f[-2] * (k > 0) + f[-1]
         ver = oa * batch_size + ob * n_batched + oc
         kd = k if draft_budget is None else float(draft_budget)
@@ -292,7 +313,7 @@ class CostModel:
         if drafted is None:
             drafted = step.draft_s > 0 and step.draft_budget > 0
         levels = int(max(step.accepted, default=0))
-        if step.head_s > 0:  # the head's calls were timed: they are HeadCost's, not the forward fit's
+        if step.head_s > 0 and not self.head_per_call:  # timed calls: HeadCost's, not the forward fit's
             self.head.record(b, step.head_s / (step.head_calls or 1 + levels))
         timed = self.head.measured
         x = forward_features(step.context_tokens, step.num_nodes, b, tree_pairs, 0.0 if timed else levels)

@@ -11,10 +11,12 @@ arithmetic (float32 on a CPU) the many rows cost more than the levels usually sa
   the chance that a level is followed by another, the walk expects ``1 / (1 - p)`` calls from here, so
   asking for all ``R`` remaining rows pays when ``cost(R) <= cost(k) / (1 - p)``, ``k`` the rows of this
   level.
-- The budget policy's cost model prices a step's head with ``step_s(batch_size, levels)``: a call of one
-  row per request for the first level and for each expected level beyond it
-  (``sssd.policy.goodput.expected_head_levels``); the rest of the forward is fitted without the head
-  (``sssd.policy.cost_model``).
+- The budget policy's cost model prices a step's head with ``step_s(batch_size, levels, nodes)``: a call
+  of one row per request for the first level and for each expected level beyond it
+  (``sssd.policy.goodput.expected_head_levels``), or one call of every row of the step where that is
+  cheaper (or always asked for); the rest of the forward is fitted without the head
+  (``sssd.policy.cost_model``). The engine shares one instance between the two
+  (``CostModel.share_head``): the output head records each call it makes by its own rows.
 
 Both read the same measurements: call times by row count (powers of two, the newest weighing a quarter,
 ``record``) and ``p`` over about ``memory`` levels (``level``). A row count never measured is taken to cost
@@ -84,11 +86,26 @@ class HeadCost:
         """Some call was measured (before that, ``step_s`` predicts nothing)."""
         return bool(self.cost)
 
-    def step_s(self, batch_size: int, levels=0.0) -> np.ndarray:
+    def step_s(self, batch_size: int, levels=0.0, nodes=None, one_call: bool = False) -> np.ndarray:
         """Predicted head time of a step of ``batch_size`` requests whose longest accepted path is expected
-        to take ``levels`` (scalar or [K]) calls beyond the first; 0 while no call was measured."""
-        per_call = self.estimate(max(int(batch_size), 1))
-        return (1.0 + np.asarray(levels, dtype=np.float64)) * (per_call or 0.0)
+        to take ``levels`` (scalar or [K]) calls beyond the first; 0 while no call was measured.
+
+        ``nodes`` (scalar or [K], like ``levels``; None: not known) the draft nodes of the step, for calls
+        measured by their own row counts: a step then costs one call of ``batch_size`` rows per level or
+        one call of all ``batch_size + nodes`` rows, whichever is cheaper (what verification's
+        ``all_at_once`` chooses between), or that one call alone where verification always asks for
+        every row (``one_call``: the recycled candidates' every-node rows)."""
+        b = max(int(batch_size), 1)
+        per_call = self.estimate(b) or 0.0
+        per_level = (1.0 + np.asarray(levels, dtype=np.float64)) * per_call
+        if nodes is None:
+            return per_level
+        rows = b + np.maximum(np.asarray(nodes, dtype=np.int64), 0)
+        flat = rows.ravel()
+        sizes = np.unique(flat)
+        by_size = {int(r): self.estimate(int(r)) or per_call for r in sizes}
+        every = np.array([by_size[int(r)] for r in flat], dtype=np.float64).reshape(rows.shape)
+        return every + np.zeros_like(per_level) if one_call else np.minimum(every, per_level)
 
     # -- persistence (a cost profile's "head") -----------------------------------------------------
     def to_dict(self) -> dict:
