@@ -265,6 +265,7 @@ def main() -> None:
     ap.add_argument(
         "--engine-rounds", type=int, default=1, help="(c) rounds, each with fresh engines and drafters"
     )
+    ap.add_argument("--no-plain", action="store_true", help="(c) no plain-decoding arm (no identity check)")
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--batches", default="1,4")
     ap.add_argument("--threads", type=int, default=1, help="(c, d) torch threads")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import statistics
 import time
 
 import corpora
@@ -75,7 +76,7 @@ def _run(engines, prompts, batch: int, new: int) -> dict:
 
 def _table(prompts, got, dtype: str, batch: int) -> None:
     kinds = list(dict.fromkeys(p[0] for p in prompts))
-    plain = got["plain"]["out"]
+    plain = got["plain"]["out"] if "plain" in got else None
     print(f"\n{dtype}, batch {batch} ({_load()}): tokens/s over all prompts, MAL per kind")
     print(
         "| arm | tokens/s | vs plain | MAL | "
@@ -94,8 +95,8 @@ def _table(prompts, got, dtype: str, batch: int) -> None:
         for k in kinds:
             ids = [p[1] for p in prompts if p[0] == k]
             per_kind.append(sum(len(out[i][0]) for i in ids) / max(1, sum(out[i][1] for i in ids)))
-        same = sum(out[i][0] == plain[i][0] for i in out)
-        tail = f" | {same}/{len(out)} | {got[arm]['nodes']:.1f} | {got[arm]['ms']} |"
+        same = "-" if plain is None else f"{sum(out[i][0] == plain[i][0] for i in out)}/{len(out)}"
+        tail = f" | {same} | {got[arm]['nodes']:.1f} | {got[arm]['ms']} |"
         print(f"| {arm} | {rate:.2f} | {rate / base:.2f} | {tokens / max(steps, 1):.3f} | "
               + " | ".join(f"{m:.3f}" for m in per_kind) + tail)  # fmt: skip
     if batch == 1:
@@ -138,7 +139,8 @@ def run_engine(args) -> None:
         model, tok, _ = load_model(None, dtype)
         prompts = _prompts(tok, args.dev, args.prompts)
         for batch in map(int, args.batches.split(",")):
-            arms = ["plain"] + [a for a in args.arms.split(",") if a in ARMS and a != "plain"]
+            plain = [] if args.no_plain else ["plain"]
+            arms = plain + [a for a in args.arms.split(",") if a in ARMS and a != "plain"]
             rounds = []
             cals = (args.calibration, args.calibration2)
             for _ in range(args.engine_rounds):  # fresh engines and drafters: a cold pool and table each
@@ -151,8 +153,8 @@ def run_engine(args) -> None:
 
 def _rounds_table(prompts, rounds: list[dict], arms: list[str], batch: int) -> None:
     """Each arm's tokens/s against the first drafting arm's, over all prompts and (batch 1, where each
-    prompt is timed on its own) per prompt kind: every round's ratio, and the ratio of the rounds' summed
-    tokens and seconds."""
+    prompt is timed on its own) per prompt kind: every round's ratio, the ratio of the rounds' summed
+    tokens and seconds, and the mean of the rounds' ratios with two standard errors."""
     kinds = ["all", *dict.fromkeys(p[0] for p in prompts)] if batch == 1 else ["all"]
     base = next((a for a in arms if a != "plain"), arms[0])
 
@@ -161,7 +163,8 @@ def _rounds_table(prompts, rounds: list[dict], arms: list[str], batch: int) -> N
         out = got[arm]["out"]
         return sum(len(out[i][0]) for i in ids), sum(out[i][2] for i in ids)
 
-    print(f"\n{len(rounds)} rounds: tokens/s against {base} (per round; summed over the rounds)")
+    print(f"\n{len(rounds)} rounds: tokens/s against {base} (per round; summed over the rounds; mean of the "
+          f"rounds ± 2 standard errors)")  # fmt: skip
     print("| arm | " + " | ".join(kinds) + " |\n|---|" + "---|" * len(kinds))
     for arm in arms:
         if arm == base:
@@ -174,7 +177,8 @@ def _rounds_table(prompts, rounds: list[dict], arms: list[str], batch: int) -> N
                 per.append((ta / sa) / (tb / sb))
                 tot = [tot[0] + ta, tot[1] + sa, tot[2] + tb, tot[3] + sb]
             summed = (tot[0] / tot[1]) / (tot[2] / tot[3])
-            cells.append(" ".join(f"{r:.3f}" for r in per) + f"; {summed:.3f}")
+            mean, se = statistics.mean(per), statistics.stdev(per) / len(per) ** 0.5
+            cells.append(" ".join(f"{r:.3f}" for r in per) + f"; {summed:.3f}; {mean:.3f} ± {2 * se:.3f}")
         print(f"| {arm} | " + " | ".join(cells) + " |")
 
 
