@@ -109,3 +109,16 @@ def test_a_shared_head_is_recorded_by_its_calls_and_priced_by_its_rows():
     assert every.head is head and every.head_one_call
     got = every.head.step_s(1, [0.0, 2.0, 0.5], [0, 7, 15], one_call=True)
     np.testing.assert_allclose(got, [0.008, 0.011, 0.02])
+
+
+@pytest.mark.parametrize("measured", [(1, 2, 4, 8, 16), (8,), (2, 32)])
+def test_a_step_of_all_rows_costs_what_estimate_says_of_its_rows(measured):
+    head = HeadCost()
+    for i, rows in enumerate(measured):
+        head.record(rows, 0.001 * (i + 3))
+    for b in (1, 2, 3, 5, 8):
+        ks = np.arange(0, 80)
+        want = [head.estimate(b + k) or (head.estimate(b) or 0.0) for k in ks]
+        np.testing.assert_allclose(head.step_s(b, 0.0, ks, one_call=True), want)
+        per_level = (head.estimate(b) or 0.0) * 1.5
+        np.testing.assert_allclose(head.step_s(b, 0.5, ks), np.minimum(want, per_level))

@@ -100,11 +100,13 @@ class HeadCost:
         per_level = (1.0 + np.asarray(levels, dtype=np.float64)) * per_call
         if nodes is None:
             return per_level
+        # estimate() of every row count at once: the largest measured power of two at or below its own
         rows = b + np.maximum(np.asarray(nodes, dtype=np.int64), 0)
-        flat = rows.ravel()
-        sizes = np.unique(flat)
-        by_size = {int(r): self.estimate(int(r)) or per_call for r in sizes}
-        every = np.array([by_size[int(r)] for r in flat], dtype=np.float64).reshape(rows.shape)
+        classes = np.left_shift(1, np.ceil(np.log2(rows)).astype(np.int64))
+        keys = np.array(sorted(self.cost), dtype=np.int64)
+        vals = np.array([self.cost[k] for k in keys.tolist()], dtype=np.float64)
+        at = np.searchsorted(keys, classes, side="right") - 1
+        every = np.where(at >= 0, vals[np.maximum(at, 0)], per_call)
         return every + np.zeros_like(per_level) if one_call else np.minimum(every, per_level)
 
     # -- persistence (a cost profile's "head") -----------------------------------------------------
