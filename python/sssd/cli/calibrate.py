@@ -53,14 +53,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     recycled_args.add_arguments(p)
 
 
-def _warn_if_little_data(fit_pairs: int, held_pairs: int, reached_nodes: float) -> None:
+def _warn_if_little_data(fit_pairs: int, held_pairs: int, tested_nodes: float) -> None:
     short = []
     if fit_pairs < MIN_FIT_PAIRS:
         short.append(f"{fit_pairs} pairs to fit (fewer than {MIN_FIT_PAIRS})")
     if held_pairs < MIN_HELD_OUT_PAIRS:
         short.append(f"{held_pairs} held out (fewer than {MIN_HELD_OUT_PAIRS})")
-    if reached_nodes < MIN_TESTED_NODES:
-        short.append(f"{reached_nodes:,.0f} tested nodes (fewer than {MIN_TESTED_NODES:,})")
+    if tested_nodes < MIN_TESTED_NODES:
+        short.append(f"{tested_nodes:,.0f} tested nodes (fewer than {MIN_TESTED_NODES:,})")
     if short:
         print(
             f"sssd calibrate: warning: too little data: {', '.join(short)}; the fitted table and the "
