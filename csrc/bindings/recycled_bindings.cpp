@@ -59,8 +59,9 @@ TopK top_k_args(py::handle tokens, py::handle ids, py::handle probs) {
   return t;
 }
 
-// The oracle entry: a tree from flat arrays (node 0 the root, parents[i] < i), expanded and returned.
-py::dict expand_tree(py::dict tree, py::handle tokens, py::handle ids, py::handle probs, py::dict opts,
+// The oracle entry: a merged tree from flat arrays (node 0 the root, parents[i] < i), the selection in it
+// with the recycled candidates; returns the tree (new nodes appended) and the selected nodes ("seq").
+py::dict select_tree(py::dict tree, py::handle tokens, py::handle ids, py::handle probs, py::dict opts,
                      const sssd::Calibration* cal) {
   const int32_t* par = typed<int32_t>(tree["parents"], "parents");
   const auto n = length(tree["parents"]);
@@ -81,7 +82,8 @@ py::dict expand_tree(py::dict tree, py::handle tokens, py::handle ids, py::handl
   sssd::RecycleParams rp;
   rp.max_depth = int32_arg(opts["max_depth"], "max_depth", 1, 64);
   rp.min_f = real_arg(opts["min_f"], "min_f");
-  rp.max_new = int32_arg(opts["max_new"], "max_new", 0, 1 << 16);
+  rp.cap = int32_arg(opts["cap"], "cap", 0, 1 << 16);
+  if (opts.contains("max_width")) rp.max_width = int32_arg(opts["max_width"], "max_width", 0, 1 << 16);
   rp.from_every_node = bool_arg(opts["from_every_node"], "from_every_node");
   // Optional: prev [n] int32 (the token before each row's, -1: none) for the pair rows, in a table of
   // pair_slots slots (default 2^16), and root_prev (the token before the root).
@@ -99,7 +101,7 @@ py::dict expand_tree(py::dict tree, py::handle tokens, py::handle ids, py::handl
   sssd::RecycledTable table(std::min<int32_t>(t.width, sssd::kMaxRecycledK), 0, slots);
   table.update(t.tokens, t.n, t.ids, t.probs, t.width, prev);
   sssd::CandidateTree ct;
-  ct.reset(tok[0], static_cast<int32_t>(n) + rp.max_new);
+  ct.reset(tok[0], static_cast<int32_t>(n) + rp.cap);
   for (py::ssize_t i = 1; i < n; ++i) ct.new_child(par[i], tok[i]);
   for (py::ssize_t i = 0; i < n; ++i) {
     ct.p[i] = p[i];
@@ -108,7 +110,8 @@ py::dict expand_tree(py::dict tree, py::handle tokens, py::handle ids, py::handl
     ct.match_len[i] = mlen != nullptr ? mlen[i] : 0;
   }
   sssd::RecycleScratch scratch;
-  sssd::expand_recycled(table, cal, rp, ct, scratch);
+  std::vector<int32_t> seq;
+  sssd::select_recycled(table, cal, rp, ct, seq, scratch);
   const auto m = static_cast<size_t>(ct.size());
   auto out_vec = [&](const auto& v) { return to_numpy(v, m); };
   py::dict out;
@@ -121,6 +124,7 @@ py::dict expand_tree(py::dict tree, py::handle tokens, py::handle ids, py::handl
   out["raw"] = out_vec(ct.raw);
   out["match_len"] = out_vec(ct.match_len);
   out["source_mask"] = out_vec(ct.source_mask);
+  out["seq"] = to_numpy(seq, seq.size());
   return out;
 }
 
@@ -134,11 +138,11 @@ void drafter_recycle(sssd::Drafter& d, py::handle tokens, py::handle ids, py::ha
 }
 
 void bind_recycled(py::module_& m) {
-  m.def("expand_recycled",
+  m.def("select_recycled",
         [](py::dict tree, py::handle tokens, py::handle ids, py::handle probs, py::dict opts, py::handle cal) {
-          if (cal.is_none()) return expand_tree(tree, tokens, ids, probs, opts, nullptr);
+          if (cal.is_none()) return select_tree(tree, tokens, ids, probs, opts, nullptr);
           const auto& c = cal.cast<const sssd::Calibration&>();
-          return expand_tree(tree, tokens, ids, probs, opts, &c);
+          return select_tree(tree, tokens, ids, probs, opts, &c);
         });
 }
 

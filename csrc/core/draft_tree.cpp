@@ -116,30 +116,17 @@ void fuse_merge(const CandidateTrie* const tries[kNumTrieSources], const Calibra
 
 void fuse_finish(CandidateTree& out) {
   // Siblings whose p sum exceeds 1 are scaled down to sum 1 (impossible for a deterministic verifier,
-  // which accepts at most one child); then f(v) = f(parent) * p(v). Recycled candidates (added beside
-  // the retrieval children by expand_recycled) get only the mass the other children leave: their p is
-  // calibrated over every node they were added below, most with no confident retrieval child, so beside a
-  // confident one (a long match) it overstates them, and scaling all siblings alike would cut the
-  // retrieval child's p, and with it the f of the whole chain below it, at every depth. The sums are
-  // accumulated over the nodes in decreasing index order, which is each child list's order (new_child
-  // prepends), so every float sum is rounded exactly as a walk of the child list would; flat passes.
+  // which accepts at most one child); then f(v) = f(parent) * p(v). The sums are accumulated over the
+  // nodes in decreasing index order, which is each child list's order (new_child prepends), so every
+  // float sum is rounded exactly as a walk of the child list would (select_recycled walks them); flat
+  // passes.
   const int32_t n = out.size();
-  std::vector<float>& sum = out.fuse_raw;  // reused: [n] p sum of each node's retrieval children
-  std::vector<float>& rec = out.fuse_ps;   // reused: [n] p sum of each node's recycled children
+  std::vector<float>& sum = out.fuse_raw;  // reused: [n] p sum of each node's children
   sum.assign(static_cast<size_t>(n), 0.0f);
-  rec.assign(static_cast<size_t>(n), 0.0f);
-  for (int32_t v = n - 1; v >= 1; --v) {
-    (out.source[v] == kRecycledSource ? rec : sum)[static_cast<size_t>(out.parents[v])] += out.p[v];
-  }
+  for (int32_t v = n - 1; v >= 1; --v) sum[static_cast<size_t>(out.parents[v])] += out.p[v];
   for (int32_t v = 1; v < n; ++v) {
-    const auto u = static_cast<size_t>(out.parents[v]);
-    const float s = sum[u];
-    if (out.source[v] == kRecycledSource) {
-      const float room = std::max(0.0f, 1.0f - std::min(s, 1.0f));
-      if (rec[u] > room) out.p[v] = rec[u] > 0.0f ? out.p[v] * (room / rec[u]) : 0.0f;
-    } else if (s > 1.0f) {
-      out.p[v] /= s;
-    }
+    const float s = sum[static_cast<size_t>(out.parents[v])];
+    if (s > 1.0f) out.p[v] /= s;
     out.f[v] = out.f[out.parents[v]] * static_cast<double>(out.p[v]);
   }
 }

@@ -182,13 +182,14 @@ void Drafter::draft_one(const Request& r, int32_t cap, Work& s, Draft& d) const 
   const Calibration* cal = params_.calibrated ? &cal_ : nullptr;
   const bool recycle = params_.use_recycled && recycled_.rows_recorded() > 0;
   fuse_merge(tries, cal, params_.fusion, s.tree, recycle ? cap : 0);
-  if (recycle) {
-    const RecycleParams rp{params_.max_depth, params_.fusion.min_f, cap, params_.recycle_from_every_node,
-                           len >= 2 ? ctx[static_cast<size_t>(len - 2)] : -1};
-    expand_recycled(recycled_, cal, rp, s.tree, s.recycle);
+  if (recycle) {  // normalization and selection in one pass, the candidates added as it reaches them
+    const RecycleParams rp{params_.max_depth, params_.fusion.min_f, cap, params_.max_width,
+                           params_.recycle_from_every_node, len >= 2 ? ctx[static_cast<size_t>(len - 2)] : -1};
+    select_recycled(recycled_, cal, rp, s.tree, s.seq, s.recycle);
+  } else {
+    fuse_finish(s.tree);
+    select_sequence(s.tree, cap, params_.max_depth, params_.max_width, s.seq, s.select);
   }
-  fuse_finish(s.tree);
-  select_sequence(s.tree, cap, params_.max_depth, params_.max_width, s.seq, s.select);
   // Keep the root and the selected nodes (parents come first in the sequence).
   const CandidateTree& t = s.tree;
   const size_t m = s.seq.size() + 1;

@@ -80,27 +80,30 @@ void RecycledTable::clear() {
 }
 
 namespace {
-using Edge = RecycleScratch::Edge;
-using EdgeKey = RecycleScratch::EdgeKey;
-using Touched = RecycleScratch::Touched;
-// An edge as one integer that orders like the heap must: the larger f first, ties to the lower node, then
-// the lower rank (a strict total order, so the expansion does not depend on how the heap is built). f >= 0
-// (a product of probabilities; + 0.0 makes -0.0 +0.0), so its bits order as the value does. One integer
-// comparison, no branches, inlined (a comparison function passed to std::push_heap is called through a
-// pointer).
-inline EdgeKey edge_key(double f, int32_t node, int32_t rank) {
-  const double g = f + 0.0;
+using Key = RecycleScratch::Key;
+using Opened = RecycleScratch::Opened;
+
+// A frontier item as one integer that orders like the heap must: the larger f first; ties to the lower
+// node, a tree node before a candidate, then the lower rank (a strict total order, so the selection does
+// not depend on how the heap is built). The low 64 bits are ~code, code = node << 32 | candidate << 31 |
+// rank. f >= 0 (a product of probabilities; a NaN counts as 0 and + 0.0 makes -0.0 +0.0), so its bits
+// order as the value does. One integer comparison, no branches.
+constexpr uint64_t kCandidate = uint64_t{1} << 31;
+inline Key item_key(double f, uint64_t code) {
+  const double g = f > 0.0 ? f : 0.0;
   uint64_t bits;
   std::memcpy(&bits, &g, sizeof bits);
-  return (static_cast<EdgeKey>(bits) << 64) | (static_cast<EdgeKey>(0xffffffffu - static_cast<uint32_t>(node)) << 32) |
-         (0xffffffffu - static_cast<uint32_t>(rank));
+  return (static_cast<Key>(bits) << 64) | ~code;
 }
-inline Edge edge_of(EdgeKey k) {
+inline uint64_t node_code(int32_t v) { return static_cast<uint64_t>(static_cast<uint32_t>(v)) << 32; }
+inline uint64_t candidate_code(int32_t v, int32_t rank) {
+  return node_code(v) | kCandidate | static_cast<uint32_t>(rank);
+}
+inline double key_f(Key k) {
   const auto hi = static_cast<uint64_t>(k >> 64);
   double f;
   std::memcpy(&f, &hi, sizeof f);
-  return {f, static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(k >> 32)),
-          static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(k))};
+  return f;
 }
 
 // The largest p a new candidate can have at each depth: the maps are monotone in the raw score, so raw = 1
@@ -115,23 +118,6 @@ void depth_bounds(const Calibration* cal, int32_t max_depth, std::vector<float>&
   }
 }
 
-// The max_new-th largest of f[1 .. n) (0 when there are fewer), with `scratch` as room. The smallest of
-// any max_new of them is a lower bound of it: only the f at or above that bound are copied and selected
-// among (a tree's f are mostly far smaller than its best max_new).
-double nth_largest(const std::vector<double>& f, int32_t n, int32_t max_new, std::vector<double>& scratch) {
-  if (max_new <= 0 || n - 1 < max_new) return 0.0;
-  const double low = *std::min_element(f.begin() + 1, f.begin() + 1 + max_new);
-  scratch.resize(static_cast<size_t>(n));
-  size_t m = 0;
-  for (int32_t v = 1; v < n; ++v) {
-    scratch[m] = f[v];
-    m += f[v] >= low;  // no branch: the outcome is unpredictable
-  }
-  std::nth_element(scratch.begin(), scratch.begin() + (max_new - 1), scratch.begin() + static_cast<int64_t>(m),
-                   std::greater<double>());
-  return scratch[static_cast<size_t>(max_new - 1)];
-}
-
 // Bit j set: row[j].id == token (j < count <= kMaxRecycledK). No early exit: rows are short, and the
 // comparisons of a row run side by side.
 inline uint64_t rank_mask(const RecycledCandidate* row, int32_t count, int32_t token) {
@@ -140,14 +126,14 @@ inline uint64_t rank_mask(const RecycledCandidate* row, int32_t count, int32_t t
   return m;
 }
 
-// One expansion: the tree, the table, the heap of candidate edges (node, rank) and the floor.
-class Expander {
+// One selection: the tree, the table, the frontier heap.
+class Selector {
  public:
-  Expander(const RecycledTable& table, const Calibration* cal, const RecycleParams& params, CandidateTree& t,
-           RecycleScratch& s)
-      : table_(table), cal_(cal), params_(params), t_(t), s_(s) {
+  Selector(const RecycledTable& table, const Calibration* cal, const RecycleParams& params, CandidateTree& t,
+           std::vector<int32_t>& seq, RecycleScratch& s)
+      : table_(table), cal_(cal), params_(params), t_(t), seq_(seq), s_(s) {
     // The bounds change only with the calibration's values: computed again when they did (a request's
-    // call reuses the last call's, ~0.3 µs saved per request).
+    // call reuses the last call's).
     const uint64_t version = cal != nullptr ? cal->version() : 0;
     if (s.bound_version != version || s.bound_depth != params.max_depth) {
       depth_bounds(cal, params.max_depth, s.bound);
@@ -155,194 +141,147 @@ class Expander {
       s.bound_depth = params.max_depth;
     }
     s.heap.clear();
-    s.touched.clear();
-    // Sized, not cleared: list_relevant writes every entry of the tree's nodes, touch() the new ones'.
-    if (s.slot.size() < static_cast<size_t>(t.size() + params.max_new)) {
-      s.slot.resize(static_cast<size_t>(t.size() + params.max_new));
+    s.opened.clear();
+    s.width.assign(static_cast<size_t>(params.max_depth) + 2, 0);
+    // Sized, not cleared: a node's slot is written when it is opened, and only opened nodes' are read.
+    if (s.slot.size() < static_cast<size_t>(t.size() + params.cap)) {
+      s.slot.resize(static_cast<size_t>(t.size() + params.cap));
     }
   }
 
   void run() {
-    list_relevant(kRelevance * nth_largest(t_.f, t_.size(), params_.max_new, s_.best));
-    rescore();
-    init_best();
-    push_next(0, 0);
-    if (params_.from_every_node) {
-      for (int32_t v : s_.relevant) push_next(v, 0);
-    }
-    while (!s_.heap.empty() && added_ < params_.max_new) {
+    open(0);
+    const auto cap = static_cast<size_t>(params_.cap);
+    while (!s_.heap.empty() && seq_.size() < cap) {
       std::pop_heap(s_.heap.begin(), s_.heap.end());
-      const Edge e = edge_of(s_.heap.back());
+      const Key key = s_.heap.back();
       s_.heap.pop_back();
-      if (!good(e.f)) break;  // the floor rose past it, and past every edge left (none has a larger f)
-      take(e);
+      const uint64_t code = ~static_cast<uint64_t>(key);
+      int32_t v = static_cast<int32_t>(code >> 32);
+      int32_t& w = s_.width[static_cast<size_t>(t_.depth[v] + ((code & kCandidate) != 0))];
+      if (params_.max_width > 0 && w >= params_.max_width) continue;
+      ++w;
+      if ((code & kCandidate) != 0) v = take(v, static_cast<int32_t>(code & (kCandidate - 1)), key_f(key));
+      seq_.push_back(v);
+      if (seq_.size() < cap) open(v);  // the last node's children could not be taken
     }
   }
 
  private:
-  // Nodes whose f is below this share of the max_new-th largest are left as they are: rescoring could
-  // not lift one of them into the selection (the largest gain of agreement is far smaller), and a tree
-  // holds hundreds of them (every source's continuations down to min_f).
-  static constexpr double kRelevance = 0.25;
-  static constexpr uint64_t kMasked = uint64_t{1} << 63;  // taken: the children's ranks are in
-
   int32_t prev_of(int32_t v) const { return v == 0 ? params_.root_prev : t_.tokens[t_.parents[v]]; }
-  // Node v's entry in s_.touched, made on first use (its row is looked up later, once).
-  Touched& touch(int32_t v) {
-    int32_t& k = s_.slot[static_cast<size_t>(v)];
-    if (k < 0) {
-      k = static_cast<int32_t>(s_.touched.size());
-      s_.touched.resize(s_.touched.size() + 1);  // in place (a pushed temporary is copied through the stack)
-      Touched& r = s_.touched.back();
-      r.row = nullptr;
-      r.count = -1;
-      r.pair = false;
-      r.taken = 0;
-    }
-    return s_.touched[static_cast<size_t>(k)];
-  }
-  // The candidates after node v: the row of (its parent's token, its token) when there is one (the model
-  // read that pair before: what it predicted then says more than the token's row), else its token's. A
-  // pair's row's ranks are calibrated apart (recycled_match).
-  Touched& row_of(int32_t v) {
-    Touched& r = touch(v);
-    if (r.count < 0) {
-      const int32_t c = table_.lookup_pair(prev_of(v), t_.tokens[v], &r.row);
-      r.pair = c > 0;
-      r.count = c > 0 ? c : table_.lookup(t_.tokens[v], &r.row);
-    }
-    return r;
-  }
   float p_of(int32_t source, int32_t depth, int32_t match, float raw) const {
     return cal_ != nullptr ? cal_->apply(source, depth, match, raw) : raw;
   }
-  bool good(double f) const { return f >= params_.min_f && f > floor_; }
+  bool good(double f) const { return f > 0.0 && f >= params_.min_f; }
+  bool rescorable(int32_t c) const {
+    return t_.source[c] >= 0 && t_.source[c] < kNumTrieSources && t_.match_len[c] < kRescoreMaxMatch;
+  }
+  void push(Key k) {
+    s_.heap.push_back(k);
+    std::push_heap(s_.heap.begin(), s_.heap.end());
+  }
 
-  // s_.relevant: the nodes with f >= relevant, parents first; every node's slot is set (-1: untouched).
-  void list_relevant(double relevant) {
-    s_.relevant.clear();
-    s_.slot[0] = -1;
-    touch(0);
-    for (int32_t v = 1; v < t_.size(); ++v) {
-      s_.slot[static_cast<size_t>(v)] = -1;
-      if (t_.f[v] < relevant) continue;
-      s_.relevant.push_back(v);
-      touch(v);
+  // Node v's entry in s_.opened, its row looked up when `read` (else none).
+  Opened& make_opened(int32_t v, bool read) {
+    s_.slot[static_cast<size_t>(v)] = static_cast<int32_t>(s_.opened.size());
+    s_.opened.resize(s_.opened.size() + 1);  // in place (a pushed temporary is copied through the stack)
+    Opened& o = s_.opened.back();
+    o.row = nullptr;
+    o.count = 0;
+    o.pair = false;
+    o.room = 0.0f;
+    o.taken = 0;
+    if (read) {
+      const int32_t c = table_.lookup_pair(prev_of(v), t_.tokens[v], &o.row);
+      o.pair = c > 0;
+      o.count = c > 0 ? c : table_.lookup(t_.tokens[v], &o.row);
     }
+    return o;
   }
 
-  // Every relevant retrieval node (match shorter than kRescoreMaxMatch) whose token is in its parent's
-  // row gets p = cal(kRescoredSource, depth, recycled_match(its rank), its retrieval p); then its f
-  // estimate follows (parents first).
-  bool rescorable(int32_t v) const {
-    return t_.source[v] >= 0 && t_.source[v] < kNumTrieSources && t_.match_len[v] < kRescoreMaxMatch;
-  }
-  void rescore() {
-    for (int32_t v : s_.relevant) {
-      const int32_t u = t_.parents[v];
-      if (rescorable(v)) {
-        const Touched& r = row_of(u);
-        const uint64_t in = r.count > 0 ? rank_mask(r.row, r.count, t_.tokens[v]) : 0;
-        if (in != 0) {  // absent from the row: the retrieval score stands (see the header)
-          const int32_t match = recycled_match(__builtin_ctzll(in), r.pair);
-          t_.raw[v] = t_.p[v];
-          t_.p[v] = p_of(kRescoredSource, t_.depth[v], match, t_.p[v]);
-          t_.source[v] = static_cast<int8_t>(kRescoredSource);
-          t_.match_len[v] = match;
-          t_.source_mask[v] |= static_cast<uint8_t>(1u << kRecycledSource);
-        }
+  // Rescoring, normalization and f of v's children (pushed), then v's first recycled candidate.
+  void open(int32_t v) {
+    const int32_t d = t_.depth[v] + 1;
+    if (d > params_.max_depth) return;  // no child or candidate is eligible
+    const bool candidates = (params_.from_every_node || v == 0 || t_.source[v] == kRecycledSource) &&
+                            good(t_.f[v] * static_cast<double>(s_.bound[static_cast<size_t>(d)]));
+    bool rescore = false;
+    for (int32_t c = t_.first_child[v]; c >= 0; c = t_.next_sibling[c]) rescore |= rescorable(c);
+    Opened& o = make_opened(v, candidates || rescore);
+    // The sum in child-list order (decreasing index), as fuse_finish rounds it.
+    float sum = 0.0f;
+    for (int32_t c = t_.first_child[v]; c >= 0; c = t_.next_sibling[c]) {
+      const uint64_t in = o.count > 0 ? rank_mask(o.row, o.count, t_.tokens[c]) : 0;
+      o.taken |= in;
+      if (in != 0 && rescorable(c)) {
+        const int32_t match = recycled_match(__builtin_ctzll(in), o.pair);
+        t_.raw[c] = t_.p[c];
+        t_.p[c] = p_of(kRescoredSource, d, match, t_.p[c]);
+        t_.source[c] = static_cast<int8_t>(kRescoredSource);
+        t_.match_len[c] = match;
+        t_.source_mask[c] |= static_cast<uint8_t>(1u << kRecycledSource);
       }
-      t_.f[v] = t_.f[u] * static_cast<double>(t_.p[v]);
+      sum += t_.p[c];
+    }
+    for (int32_t c = t_.first_child[v]; c >= 0; c = t_.next_sibling[c]) {
+      if (sum > 1.0f) t_.p[c] /= sum;
+      t_.f[c] = t_.f[v] * static_cast<double>(t_.p[c]);
+      push(item_key(t_.f[c], node_code(c)));
+    }
+    if (candidates) {
+      o.room = std::max(0.0f, 1.0f - std::min(sum, 1.0f));
+      push_next(v, 0);
     }
   }
 
-  // s_.best: a min-heap of the max_new largest f among the relevant nodes and the new ones; a candidate
-  // at or below the smallest of them would never be among the max_new nodes selection takes.
-  void init_best() {
-    auto& b = s_.best;
-    b.clear();
-    for (int32_t v : s_.relevant) b.push_back(t_.f[v]);
-    const auto keep = static_cast<size_t>(params_.max_new);
-    if (b.size() > keep) {
-      std::nth_element(b.begin(), b.begin() + (keep - 1), b.end(), std::greater<double>());
-      b.resize(keep);
-    }
-    std::make_heap(b.begin(), b.end(), std::greater<double>());
-    if (b.size() == keep) floor_ = b.front();
+  // The p of v's rank-j candidate: its calibrated p, at most the room v's children leave.
+  float candidate_p(const Opened& o, int32_t depth, int32_t j) const {
+    return std::min(p_of(kRecycledSource, depth, recycled_match(j, o.pair), o.row[j].prob), o.room);
   }
-  void keep_best(double f) {
-    auto& b = s_.best;
-    if (static_cast<int32_t>(b.size()) < params_.max_new) {
-      b.push_back(f);
-      std::push_heap(b.begin(), b.end(), std::greater<double>());
-    } else if (f > b.front()) {
-      std::pop_heap(b.begin(), b.end(), std::greater<double>());
-      b.back() = f;
-      std::push_heap(b.begin(), b.end(), std::greater<double>());
-    }
-    if (static_cast<int32_t>(b.size()) == params_.max_new) floor_ = std::max(floor_, b.front());
-  }
-
-  // Pushes the first candidate after node v from rank j on that v has no child for yet (a token it has
-  // was rescored instead), when it could make the cut. Ranks come one at a time: the next is pushed when
-  // this one is taken, so a node's weak candidates cost nothing until its strong ones are in.
-  // Whether a candidate after v could make the cut (the best p a candidate can have at its depth).
-  bool may_push(int32_t v) const {
-    const int32_t d = t_.depth[v] + 1;
-    return d <= params_.max_depth && good(t_.f[v] * s_.bound[static_cast<size_t>(d)]);
-  }
+  // Pushes v's first candidate from rank j on whose token is not a child of v yet, when its f is good.
+  // Ranks come one at a time: the next is pushed when this one is taken.
   void push_next(int32_t v, int32_t j) {
-    if (!may_push(v)) return;
-    const int32_t d = t_.depth[v] + 1;
-    Touched& r = row_of(v);
-    if (r.count > 0 && !(r.taken & kMasked)) {  // the ranks of v's children, once
-      for (int32_t c = t_.first_child[v]; c >= 0; c = t_.next_sibling[c]) r.taken |= rank_mask(r.row, r.count, t_.tokens[c]);
-      r.taken |= kMasked;
-    }
-    while (j < r.count && (r.taken >> j & 1u) != 0) ++j;
-    if (j >= r.count) return;
-    const double f = t_.f[v] * static_cast<double>(p_of(kRecycledSource, d, recycled_match(j, r.pair), r.row[j].prob));
-    if (good(f)) {
-      s_.heap.push_back(edge_key(f, v, j));
-      std::push_heap(s_.heap.begin(), s_.heap.end());
-    }
+    const Opened& o = s_.opened[static_cast<size_t>(s_.slot[static_cast<size_t>(v)])];
+    while (j < o.count && (o.taken >> j & 1u) != 0) ++j;
+    if (j >= o.count) return;
+    const double f = t_.f[v] * static_cast<double>(candidate_p(o, t_.depth[v] + 1, j));
+    if (good(f)) push(item_key(f, candidate_code(v, j)));
   }
 
-  void take(const Edge& e) {
-    Touched& r = row_of(e.node);
-    r.taken |= uint64_t{1} << e.rank;
-    const int32_t token = r.row[e.rank].id;
-    const float prob = r.row[e.rank].prob;
-    const int32_t match = recycled_match(e.rank, r.pair);
-    push_next(e.node, e.rank + 1);  // may grow s_.touched: r is not used past here
-    const int32_t v = t_.new_child(e.node, token);
-    s_.slot[static_cast<size_t>(v)] = -1;
-    touch(v).taken = kMasked;  // no children
-    ++added_;
+  // Creates the node of u's rank-j candidate (f: its key's) and pushes u's next candidate.
+  int32_t take(int32_t u, int32_t j, double f) {
+    Opened& o = s_.opened[static_cast<size_t>(s_.slot[static_cast<size_t>(u)])];
+    const int32_t d = t_.depth[u] + 1;
+    const float p = candidate_p(o, d, j);
+    const RecycledCandidate c = o.row[j];
+    const int32_t match = recycled_match(j, o.pair);
+    o.room = std::max(0.0f, o.room - p);
+    o.taken |= uint64_t{1} << j;
+    push_next(u, j + 1);
+    const int32_t v = t_.new_child(u, c.id);
     t_.source[v] = static_cast<int8_t>(kRecycledSource);
-    t_.raw[v] = prob;
+    t_.raw[v] = c.prob;
     t_.match_len[v] = match;
-    t_.p[v] = p_of(kRecycledSource, t_.depth[v], match, prob);
+    t_.p[v] = p;
     t_.source_mask[v] = static_cast<uint8_t>(1u << kRecycledSource);
-    t_.f[v] = e.f;
-    keep_best(e.f);
-    push_next(v, 0);
+    t_.f[v] = f;
+    return v;
   }
 
   const RecycledTable& table_;
   const Calibration* cal_;
   const RecycleParams& params_;
   CandidateTree& t_;
+  std::vector<int32_t>& seq_;
   RecycleScratch& s_;
-  double floor_ = 0.0;
-  int32_t added_ = 0;
 };
 }  // namespace
 
-void expand_recycled(const RecycledTable& table, const Calibration* cal, const RecycleParams& params,
-                     CandidateTree& tree, RecycleScratch& s) {
-  if (params.max_new <= 0 || params.max_depth < 1) return;
-  Expander(table, cal, params, tree, s).run();
+void select_recycled(const RecycledTable& table, const Calibration* cal, const RecycleParams& params,
+                     CandidateTree& tree, std::vector<int32_t>& seq, RecycleScratch& s) {
+  seq.clear();
+  if (params.cap <= 0 || params.max_depth < 0 || tree.size() < 1) return;
+  Selector(table, cal, params, tree, seq, s).run();
 }
 
 }  // namespace sssd

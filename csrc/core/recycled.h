@@ -112,59 +112,58 @@ class RecycledTable {
 };
 
 struct RecycleParams {
-  int32_t max_depth = 8;          // no candidate deeper than this
-  double min_f = 1e-4;            // nor with a smaller f estimate
-  int32_t max_new = 0;            // new nodes added at most (the tree's budget: more are never selected)
+  int32_t max_depth = 8;          // no node deeper than this
+  double min_f = 1e-4;            // no recycled candidate with a smaller f
+  int32_t cap = 0;                // nodes selected at most (the tree must have room for cap new nodes)
+  int32_t max_width = 0;          // nodes selected per depth level at most (<= 0: no limit)
   bool from_every_node = true;    // false: below the root and recycled nodes only (a subtree of its own)
   int32_t root_prev = -1;         // the context's token before the root (-1: none)
 };
 
-// Reusable buffers of expand_recycled (one per thread): nothing is allocated once they are warm, and
+// Reusable buffers of select_recycled (one per thread): nothing is allocated once they are warm, and
 // nothing proportional to the whole tree is cleared per call.
 struct RecycleScratch {
-  struct Edge {
-    double f;      // f estimate of the candidate
-    int32_t node;  // the tree node it hangs below
-    int32_t rank;  // its rank in the row of the node's token
-  };
-  // A node the expansion reads (the root, the relevant nodes, the new ones): its row, looked up once.
-  struct Touched {
+  // A node the selection has taken and opened (its children pushed): its row, looked up once.
+  struct Opened {
     const RecycledCandidate* row;
-    int32_t count;   // candidates in the row (-1: not looked up yet)
+    int32_t count;   // candidates in the row (0: none, or the row was not needed)
     bool pair;       // a (previous token, token) pair's row
-    uint64_t taken;  // bit j: the node has its rank-j candidate as a child; bit 63: the bits are in
+    float room;      // the p mass left to the node's recycled children
+    uint64_t taken;  // bit j: the node has the rank-j candidate's token as a child
   };
-  using EdgeKey = unsigned __int128;  // an Edge packed as one integer (recycled.cpp: edge_key)
-  std::vector<EdgeKey> heap;         // max-heap of the candidate edges
-  std::vector<double> best;         // min-heap of the max_new largest f in the tree
-  std::vector<int32_t> slot;        // [tree nodes] index in `touched` (-1: not touched)
-  std::vector<Touched> touched;     // [touched nodes]
-  std::vector<int32_t> relevant;    // the nodes rescored
-  std::vector<float> bound;         // [max_depth + 1] largest calibrated p of a candidate at each depth
-  uint64_t bound_version = 0;       // of the calibration `bound` was computed from (0: none, p = raw)
-  int32_t bound_depth = -1;         // and its max_depth (-1: not computed yet)
+  using Key = unsigned __int128;  // a heap item (a tree node or a recycled candidate) as one integer
+  std::vector<Key> heap;          // max-heap of the frontier
+  std::vector<int32_t> slot;      // [tree nodes] index in `opened` (written when a node is opened)
+  std::vector<Opened> opened;     // [opened nodes]
+  std::vector<int32_t> width;     // [max_depth + 2] nodes selected at each depth
+  std::vector<float> bound;       // [max_depth + 1] largest calibrated p of a candidate at each depth
+  uint64_t bound_version = 0;     // of the calibration `bound` was computed from (0: none, p = raw)
+  int32_t bound_depth = -1;       // and its max_depth (-1: not computed yet)
 };
 
-// Adds the recycled candidates to a merged tree (fuse_merge's output, before fuse_finish):
-// 1. Rescoring: a retrieval node whose token is in its parent's row is scored again with what the model's
-//    own ranking says of it, p = cal(kRescoredSource, depth, recycled_match(its rank in the row), its
-//    retrieval p): agreement says more than either source alone. It becomes a kRescoredSource node (raw =
-//    the retrieval p), and its f estimate follows. A node absent from the row keeps its retrieval score:
-//    the absent group is one map of the retrieval p per depth, so rescoring it replaced the source's
-//    calibration by source and match length with an average (held-out dev pairs and bundled prompts:
-//    MAL higher at 16 nodes and on the bundled prompts at most budgets without it, docs/drafter.md).
-//    Only the relevant nodes are rescored: f at least a quarter of the max_new-th largest f (the others,
-//    most of a tree, could not reach the selection); nor are the nodes whose match is kRescoreMaxMatch
-//    tokens or longer.
-// 2. Expansion: new nodes, best first by the f estimate f(v) * p, where the candidate of rank j after node
-//    v (a token v has no child for yet) has p = cal(kRecycledSource, depth(v) + 1, j + 1, its recorded
-//    probability). Only candidates with f >= min_f and above the max_new-th largest f in the tree
-//    (new nodes included, so this floor rises as they come) count: best-first selection of max_new
-//    nodes never reaches the others. A node's candidates are taken in rank order (the next rank is
-//    considered when one is taken). At most max_new new nodes, for which the tree must have room; new
-//    nodes get candidates in turn. from_every_node: every relevant node does too, else the root only.
-// Without a calibration p = the raw score (rescoring changes nothing).
-void expand_recycled(const RecycledTable& table, const Calibration* cal, const RecycleParams& params,
-                     CandidateTree& tree, RecycleScratch& s);
+// Best-first selection in a merged tree (fuse_merge's output: p the fused p of each node before sibling
+// normalization) with the recycled candidates added as the selection reaches them, in place of
+// fuse_finish + select_sequence. Returns in `seq` the selected nodes (at most params.cap, parents first,
+// f never increasing), new nodes appended to the tree; the selected nodes' p and f are final.
+//
+// The frontier starts at the root. Taking a node opens it: its row (the (previous token, token) pair's
+// when the model read that pair before, else its token's) is read once, and
+// 1. Rescoring: each retrieval child whose token is in the row (match shorter than kRescoreMaxMatch) is
+//    scored again with what the model's own ranking says of it, p = cal(kRescoredSource, depth,
+//    recycled_match(its rank, pair), its retrieval p): agreement says more than either source alone. It
+//    becomes a kRescoredSource node (raw = the retrieval p). A child absent from the row keeps its
+//    retrieval score (the absent group would map every source and match length to one average).
+// 2. The children's p are normalized as fuse_finish does (scaled to sum 1 when their sum exceeds it), f(c) =
+//    f(node) * p(c), and they join the frontier.
+// 3. Recycled candidates: the row's first candidate whose token is not a child yet joins the frontier with
+//    p = min(cal(kRecycledSource, depth, recycled_match(rank, pair), its recorded probability), room),
+//    where room is the mass the node's children leave (1 - their p sum) less what its recycled children
+//    already took; taking one creates the node and puts the row's next candidate on the frontier. Only
+//    the root, recycled nodes and (from_every_node) every node get candidates; none with f < min_f.
+// Ties in f go to the lower node, tree nodes before candidates, then the lower rank. With no candidate
+// in any row the selection is fuse_finish + select_sequence's, node for node. Without a calibration
+// p = the raw score.
+void select_recycled(const RecycledTable& table, const Calibration* cal, const RecycleParams& params,
+                     CandidateTree& tree, std::vector<int32_t>& seq, RecycleScratch& s);
 
 }  // namespace sssd

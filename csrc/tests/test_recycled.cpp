@@ -1,5 +1,5 @@
-// The recycled candidates: the table (rows, growth, bounds), rescoring and best-first expansion of a
-// tree, and the drafter's intake and drafting with them.
+// The recycled candidates: the table (rows, growth, bounds), the selection with them (rescoring,
+// normalization, candidates added as it reaches them), and the drafter's intake and drafting with them.
 #include <cstdint>
 #include <stdexcept>
 #include <vector>
@@ -91,7 +91,7 @@ TEST(recycled_pair_rows) {
   CHECK_EQ(sssd::recycled_match(31, true), 2 * sssd::kPairRankBase);
 }
 
-TEST(recycled_expansion_rescores_and_adds) {
+TEST(recycled_selection_rescores_and_adds) {
   sssd::RecycledTable table(2, 0);
   const int32_t tokens[] = {5, 7};
   const int32_t ids[] = {7, 8, 9, 3};
@@ -101,18 +101,21 @@ TEST(recycled_expansion_rescores_and_adds) {
   sssd::CandidateTree t = make_tree(5, {{0, 7, 0.5f, 0}, {0, 6, 0.25f, 1}}, 4);
   sssd::RecycleScratch scratch;
   sssd::RecycleParams params;
-  params.max_new = 4;
-  sssd::expand_recycled(table, nullptr, params, t, scratch);
+  params.cap = 4;
+  std::vector<int32_t> seq;
+  sssd::select_recycled(table, nullptr, params, t, seq, scratch);
   CHECK_EQ(t.source[1], sssd::kRescoredSource);  // 7: rank 0 after 5
   CHECK_EQ(t.match_len[1], 1);
   CHECK_EQ(t.source[2], 1);  // 6: absent from the row, keeps its retrieval score
   CHECK_EQ(t.match_len[2], 0);
   CHECK(t.p[2] == 0.25f);
-  // new, best first: 8 after 5 (f 0.25, the lower node first), then 9 after 7 (0.25); four nodes are
-  // then at f >= 0.25, so 3 after 7 (0.25) would never be among the best four
-  CHECK_EQ(t.size(), 5);
-  CHECK_EQ(t.tokens[3], 8);
-  CHECK_EQ(t.tokens[4], 9);
+  // 7 (0.5); then four at f 0.25, ties to the lower node: 8 after 5 (the room 7 and 6 leave), 9 after 7,
+  // 3 after 7 (pushed when 9 is taken), and node 6 (2), which four nodes leave out
+  CHECK_EQ(seq.size(), size_t{4});
+  CHECK_EQ(t.size(), 6);
+  const std::vector<int32_t> want_seq = {1, 3, 4, 5}, want_tokens = {8, 9, 3};
+  CHECK(seq == want_seq);
+  for (int32_t v = 3; v < t.size(); ++v) CHECK_EQ(t.tokens[v], want_tokens[static_cast<size_t>(v - 3)]);
   for (int32_t v = 3; v < t.size(); ++v) {
     CHECK_EQ(t.source[v], sssd::kRecycledSource);
     CHECK(t.f[v] == 0.25);
@@ -136,11 +139,12 @@ TEST(recycled_bounds_follow_the_calibration) {
   CHECK_EQ(copy.version(), low.version());
   sssd::RecycleScratch scratch;
   sssd::RecycleParams params;
-  params.max_new = 4;
+  params.cap = 4;
   params.min_f = 0.3;
+  std::vector<int32_t> seq;
   auto added = [&](const sssd::Calibration& cal) {
     sssd::CandidateTree t = make_tree(5, {}, 4);
-    sssd::expand_recycled(table, &cal, params, t, scratch);
+    sssd::select_recycled(table, &cal, params, t, seq, scratch);
     return t.size() - 1;
   };
   CHECK_EQ(added(low), 0);  // p 0.1 < min_f
@@ -158,9 +162,7 @@ TEST(recycled_bounds_follow_the_calibration) {
 }
 
 // A scratch reused across trees of every size (the drafter keeps one per thread) gives what a fresh one
-// gives: nothing a call leaves in it (node slots, touched rows, heaps, the floor's f) leaks into the next.
-// The trees' f spread over many powers of two, many of them exactly on a quarter of the max_new-th largest
-// (the relevance bound: p of 1/2 and 1/4).
+// gives: nothing a call leaves in it (node slots, opened rows, the heap, the widths) leaks into the next.
 TEST(recycled_scratch_reused_across_trees) {
   uint64_t state = 12345;
   auto next = [&](uint64_t n) {
@@ -183,6 +185,7 @@ TEST(recycled_scratch_reused_across_trees) {
   table.update(tokens.data(), vocab, ids.data(), probs.data(), k, prev.data());
   const float ps[] = {0.5f, 0.25f, 0.9f, 0.3f, 0.05f, 0.7f, 0.125f};
   sssd::RecycleScratch reused;
+  std::vector<int32_t> seq_a, seq_b;
   for (int32_t round = 0; round < 60; ++round) {
     const auto n = static_cast<int32_t>(1 + next(round % 3 == 0 ? 300 : 40));
     std::vector<Node> nodes;
@@ -191,14 +194,18 @@ TEST(recycled_scratch_reused_across_trees) {
                        ps[next(7)], static_cast<int8_t>(next(3))});
     }
     sssd::RecycleParams params;
-    params.max_new = static_cast<int32_t>(next(40));
+    params.cap = static_cast<int32_t>(next(40));
+    params.max_depth = static_cast<int32_t>(1 + next(8));
+    params.max_width = round % 4 == 0 ? 3 : 0;
     params.min_f = round % 2 == 0 ? 0.0 : 1e-4;
     params.root_prev = static_cast<int32_t>(next(vocab));
-    sssd::CandidateTree a = make_tree(static_cast<int32_t>(next(vocab)), nodes, params.max_new);
+    sssd::CandidateTree a = make_tree(static_cast<int32_t>(next(vocab)), nodes, params.cap);
     sssd::CandidateTree b = a;
     sssd::RecycleScratch fresh;
-    sssd::expand_recycled(table, nullptr, params, a, fresh);
-    sssd::expand_recycled(table, nullptr, params, b, reused);
+    sssd::select_recycled(table, nullptr, params, a, seq_a, fresh);
+    sssd::select_recycled(table, nullptr, params, b, seq_b, reused);
+    CHECK(seq_a == seq_b);
+    CHECK(static_cast<int32_t>(seq_a.size()) <= params.cap);
     CHECK_EQ(a.size(), b.size());
     for (int32_t v = 0; v < a.size(); ++v) {
       CHECK_EQ(a.tokens[v], b.tokens[v]);

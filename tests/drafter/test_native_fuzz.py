@@ -30,7 +30,7 @@ COVERED = {
     "Datastore": "test_native_fuzz_datastore",
     "search": "test_native_fuzz_datastore",
     "Drafter": "test_native_fuzz_datastore",  # observe's on_path also here
-    "expand_recycled": "test_native_fuzz_recycled",
+    "select_recycled": "test_native_fuzz_recycled",
     "DatastoreError": "(an exception type)",
     "UnknownRequestError": "(an exception type)",
     "linear_rows": "test_native_fuzz_kernels",

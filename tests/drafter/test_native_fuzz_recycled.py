@@ -1,4 +1,4 @@
-"""Fuzz target for sssd._core.expand_recycled (the oracle entry of the recycled candidates; the drafter's
+"""Fuzz target for sssd._core.select_recycled (the oracle entry of the recycled candidates; the drafter's
 top-k intake is fuzzed with the other Drafter methods in tests/datastore/test_native_fuzz_datastore.py)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from test_native_fuzz_datastore import top_k_rows
 
 @settings(max_examples=150)
 @given(tree_arrays(), top_k_rows(), st.data())
-def test_expand_recycled(tree, rows, data):
+def test_select_recycled(tree, rows, data):
     parents, f, _ = tree
     n = len(parents)
     arrays_in = {
@@ -29,9 +29,11 @@ def test_expand_recycled(tree, rows, data):
     opts = {
         "max_depth": data.draw(ints(-1, 70)),
         "min_f": data.draw(reals()),
-        "max_new": data.draw(ints(-1, 40)),
+        "cap": data.draw(ints(-1, 40)),
         "from_every_node": data.draw(st.one_of(st.booleans(), JUNK)),
     }
+    if data.draw(st.booleans()):
+        opts["max_width"] = data.draw(st.one_of(ints(-1, 5), JUNK))
     if data.draw(st.booleans()):  # the pair rows: the token before each row's, the root's, the slots
         n_rows = len(rows[0]) if isinstance(rows[0], np.ndarray) and rows[0].ndim == 1 else 0
         fit = np.asarray(data.draw(st.lists(st.integers(-1, 60), min_size=n_rows, max_size=n_rows)), np.int32)
@@ -39,11 +41,17 @@ def test_expand_recycled(tree, rows, data):
         opts["root_prev"] = data.draw(st.one_of(ints(-2, 70), JUNK))
         opts["pair_slots"] = data.draw(st.sampled_from([0, 1, 3, 1 << 10, -1, 1 << 25]))
     cal = data.draw(st.sampled_from([None, _core.Calibration([1, 2], [1, 3], 3), "junk"]))
-    out = call(_core.expand_recycled, arrays_in, *rows, opts, cal)
+    out = call(_core.select_recycled, arrays_in, *rows, opts, cal)
     if out is None:
         return
+    seq = out.pop("seq").tolist()
     m = len(out["tokens"])
-    assert n <= m <= n + max(opts["max_new"], 0)
+    assert n <= m <= n + max(opts["cap"], 0) and len(seq) <= max(opts["cap"], 0)
     assert all(len(v) == m for v in out.values())
     assert all(0 <= out["parents"][v] < v for v in range(1, m))
     assert np.all(out["source"][n:] == 3) and np.all(out["depth"][n:] <= opts["max_depth"])
+    taken = {0}
+    for v in seq:  # parents first, each node once, every new node selected
+        assert out["parents"][v] in taken and v not in taken and out["depth"][v] <= opts["max_depth"]
+        taken.add(v)
+    assert set(range(n, m)) <= taken

@@ -1,5 +1,6 @@
-"""Recycled candidates: the native rescoring + expansion against the Python oracle and hand-written
-cases, the drafter's top-k intake (validation, on/off), calibration of the new sources."""
+"""Recycled candidates: the native selection with them (rescoring, normalization, candidates added as the
+selection reaches them) against the Python oracle and hand-written cases, the drafter's top-k intake
+(validation, on/off), calibration of the new sources."""
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ from sssd.batch import on_path_mask
 from sssd.drafter import reference as ref
 from sssd.drafter.calibration import SOURCES, CalibrationTable
 
-OPTS = {"max_depth": 8, "min_f": 1e-4, "max_new": 16, "from_every_node": True}
+OPTS = {"max_depth": 8, "min_f": 1e-4, "cap": 16, "from_every_node": True}
 
 
 def padded(table):
@@ -23,7 +24,7 @@ def padded(table):
 
 
 def native(tree, table, cal=None, pairs=None, **opts):
-    """The native expansion of ``tree`` (lists) with ``table`` (token -> (ids, probs), padded) and
+    """The native selection in ``tree`` (lists) with ``table`` (token -> (ids, probs), padded) and
     ``pairs`` ((previous token, token) -> (ids, probs), padded to the same width): the pair rows are
     recorded first, so the table's rows are the tokens' own."""
     pairs = pairs or {}
@@ -46,7 +47,7 @@ def native(tree, table, cal=None, pairs=None, **opts):
     keys = np.asarray([key[1] for key, _ in rows], np.int32)
     if pairs:
         opts["prev"] = np.asarray([key[0] for key, _ in rows], np.int32)
-    out = _core.expand_recycled(arrays, keys, ids, probs, {**OPTS, **opts}, cal)
+    out = _core.select_recycled(arrays, keys, ids, probs, {**OPTS, **opts}, cal)
     return {key: v.tolist() for key, v in out.items()}
 
 
@@ -66,9 +67,9 @@ def root_tree(token=5):
 
 def test_chain_from_the_root_best_first():
     table = {5: ([7, 8], [0.75, 0.25]), 7: ([9], [0.5]), 9: ([5], [0.5])}
-    out = native(root_tree(), table, max_new=3)
-    # f: 7 -> 0.75, 9 (after 7) -> 0.375, 8 -> 0.25, 5 (after 9) -> 0.1875
-    assert out["tokens"] == [5, 7, 9, 8]
+    out = native(root_tree(), table, cap=3)
+    # f: 7 -> 0.75, 9 (after 7) -> 0.375, 8 -> 0.25 (the room 7 leaves), 5 (after 9) -> 0.1875
+    assert out["tokens"] == [5, 7, 9, 8] and out["seq"] == [1, 2, 3]
     assert out["parents"] == [-1, 0, 1, 0]
     assert out["f"][1:] == [0.75, 0.375, 0.25]
     assert out["source"][1:] == [3, 3, 3]
@@ -79,10 +80,10 @@ def test_chain_from_the_root_best_first():
 def test_a_pairs_row_is_preferred_and_calibrated_apart():
     table = {5: ([7], [0.9]), 7: ([9], [0.5])}
     pairs = {(2, 5): ([8], [0.6]), (5, 7): ([4], [0.5])}
-    out = native(root_tree(), table, None, pairs, max_new=2, root_prev=2)
+    out = native(root_tree(), table, None, pairs, cap=2, root_prev=2)
     assert out["tokens"] == [5, 8]  # (2, 5) has a row: the pair's, not the token's
     assert out["match_len"][1:] == [9]  # a pair's rank 0: kPairRankBase + 1
-    out = native(root_tree(), table, None, pairs, max_new=2, root_prev=3)  # no row for (3, 5)
+    out = native(root_tree(), table, None, pairs, cap=2, root_prev=3)  # no row for (3, 5)
     assert out["tokens"] == [5, 7, 4] and out["match_len"][1:] == [1, 9]  # (5, 7) has one
     assert ref.recycled_match(0, False) == 1 and ref.recycled_match(20, False) == 8
 
@@ -96,16 +97,23 @@ def test_rescoring_agreement_and_absence():
         "source": [-1, 0, 1],
     }
     table = {5: ([7, 8], [0.75, 0.25])}
-    out = native(tree, table, max_new=0)  # no room for new nodes: nothing is done at all
-    assert out["source"] == [-1, 0, 1]
-    out = native(tree, table, max_new=1)
+    out = native(tree, table, cap=0)  # nothing to select: nothing is done at all
+    assert out["source"] == [-1, 0, 1] and out["seq"] == []
+    cal = random_table(3).native()
+    out = native(tree, table, cal, cap=1)
     assert out["source"][1:3] == [4, 1]  # 7 (rank 0) rescored; 6, absent from the row, is not
     assert out["match_len"][1:3] == [1, 0]
     assert out["raw"][1] == 0.5  # the retrieval p
     assert out["source_mask"][1:3] == [8, 0]  # recycled agrees with 7 only
-    assert out["tokens"] == [5, 7, 6]  # 8 (f 0.25) is below the largest f: one node would never take it
-    out = native(tree, table, max_new=3)
-    assert out["tokens"] == [5, 7, 6, 8] and out["f"][3] == 0.25
+    assert out["p"][1] == pytest.approx(cal_of(cal, ref.RESCORED, 1, 1, 0.5), abs=1e-6) or out["p"][1] < 0.5
+    out = native(tree, table, cap=3)  # no calibration: p = raw, rescoring keeps 0.5
+    assert out["tokens"] == [5, 7, 6, 8] and out["f"][3] == 0.25  # 8 gets the room 7 and 6 leave
+    assert out["seq"] == [1, 3, 2]  # ties in f: the lower node first, its candidate before a child
+
+
+def cal_of(cal, source, depth, match, raw):
+    args = [np.asarray([x], t) for x, t in ((source, np.int8), (depth, np.int32), (match, np.int32))]
+    return float(cal.apply(*args, np.asarray([raw], np.float32))[0])
 
 
 def test_a_node_absent_from_the_row_keeps_its_retrieval_score():
@@ -120,14 +128,15 @@ def test_a_node_absent_from_the_row_keeps_its_retrieval_score():
         "match_len": [0, 3, 4, 1],
     }
     table = {5: ([7, 8], [0.75, 0.25]), 6: ([4], [0.5])}
-    cal = random_table(0).native()
-    out = native(tree, table, cal, max_new=3)  # every node relevant (f >= a quarter of the 3rd best)
+    out = native(tree, table, cap=3)  # no calibration: the sums stay below 1, p as given
     assert out["source"][:4] == [-1, 2, 4, 4]  # 6 is not in 5's row; 4 and 7 are (rank 0)
     assert out["match_len"][:4] == [0, 3, 1, 1]
     assert out["p"][1] == 0.75 and out["f"][1] == 0.75 and out["source_mask"][1] == 0
-    assert out["f"][2] == 0.75 * out["p"][2]  # its child rescored below its kept f
-    want = oracle(tree, table, cal, max_new=3)
-    for key, v in out.items():
+    assert out["f"][2] == 0.75 * 0.5
+    cal = random_table(0).native()
+    got = native(tree, table, cal, cap=3)
+    want = oracle(tree, table, cal, cap=3)
+    for key, v in got.items():
         assert v == pytest.approx(want[key], rel=0, abs=0), key
 
 
@@ -142,39 +151,96 @@ def test_a_long_match_keeps_its_retrieval_score():
         "source": [-1, 2, 1],
         "match_len": [0, ref.RESCORE_MAX_MATCH, ref.RESCORE_MAX_MATCH - 1],
     }
-    out = native(tree, {5: ([7, 8], [0.75, 0.25])}, max_new=1)
+    out = native(tree, {5: ([7, 8], [0.75, 0.25])}, random_table(1).native(), cap=1)
     assert out["source"][1:3] == [2, 1]  # 6: a short match, but absent from the row
     assert out["match_len"][1:3] == [ref.RESCORE_MAX_MATCH, ref.RESCORE_MAX_MATCH - 1]
     assert out["p"][1] == 0.5 and out["source_mask"][1] == 0
 
 
-def test_floor_keeps_out_what_selection_would_never_reach():
+def test_candidates_get_the_room_the_children_leave():
     tree = {
         "tokens": [5, 7, 6],
         "parents": [-1, 0, 0],
-        "p": [1.0, 0.9, 0.8],
-        "f": [1.0, 0.9, 0.8],
+        "p": [1.0, 0.5, 0.25],
+        "f": [1.0, 0.5, 0.25],
         "source": [-1, 0, 0],
     }
     table = {5: ([1, 2], [0.5, 0.4])}
-    out = native(tree, table, max_new=2)  # the 2nd largest f is 0.8: 0.5 and 0.4 never make the cut
-    assert out["tokens"] == [5, 7, 6]
-    out = native(tree, table, max_new=3)  # 1 (f 0.5) makes the three best: then 2 (0.4) does not
-    assert out["tokens"] == [5, 7, 6, 1]
-    assert native(tree, table, max_new=4)["tokens"] == [5, 7, 6, 1, 2]
+    out = native(tree, table, cap=4)
+    # 1: min(0.5, 1 - 0.75) = 0.25; then no room is left for 2
+    assert out["tokens"] == [5, 7, 6, 1] and out["seq"] == [1, 3, 2]
+    assert out["p"][3] == 0.25
+    # children whose p sum exceeds 1 are scaled to sum 1 (as fuse_finish): no room at all
+    tree["p"][1:] = [0.9, 0.6]
+    out = native(tree, table, cap=4)
+    assert out["tokens"] == [5, 7, 6] and out["seq"] == [1, 2]
+    assert out["p"][1:] == pytest.approx([0.6, 0.4]) and out["f"][1:] == pytest.approx([0.6, 0.4])
+    # with no children the candidates share the whole mass, in rank order
+    out = native(root_tree(), {5: ([1, 2], [0.5, 0.4])}, cap=2)
+    assert out["p"][1:] == pytest.approx([0.5, 0.4])
+    assert native(root_tree(), {5: ([1, 2], [0.75, 0.4])}, cap=2)["p"][2] == 0.25
 
 
 def test_from_the_root_only():
-    tree = {"tokens": [5, 7], "parents": [-1, 0], "p": [1.0, 0.9], "f": [1.0, 0.9], "source": [-1, 0]}
+    tree = {"tokens": [5, 7], "parents": [-1, 0], "p": [1.0, 0.5], "f": [1.0, 0.5], "source": [-1, 0]}
     table = {7: ([1], [0.5]), 5: ([2], [0.5])}
-    assert native(tree, table)["tokens"] == [5, 7, 2, 1]  # f 0.5, then 0.9 * 0.5
+    out = native(tree, table)
+    assert out["tokens"] == [5, 7, 2, 1] and out["f"][2:] == [0.5, 0.25]  # 7 first (a node before)
     assert native(tree, table, from_every_node=False)["tokens"] == [5, 7, 2]
 
 
-def test_depth_and_min_f():
+def test_depth_width_and_min_f():
     table = {5: ([5], [0.5])}
     assert len(native(root_tree(), table, max_depth=3)["tokens"]) == 4  # a chain of 5s, depth 3
     assert len(native(root_tree(), table, min_f=0.2)["tokens"]) == 3  # 0.5, 0.25, then 0.125 < 0.2
+    with pytest.raises(ValueError, match="max_depth"):
+        native(root_tree(), table, max_depth=0)
+    wide = {5: ([1, 2, 3], [0.3, 0.3, 0.3]), 1: ([4, 6], [0.5, 0.4])}
+    out = native(root_tree(), wide, max_width=2, cap=5)
+    assert [out["depth"][v] for v in out["seq"]] == [1, 1, 2, 2]  # depth 1 holds two, depth 2 two
+    assert out["tokens"] == [5, 1, 2, 4, 6]
+
+
+def normalized(tree):
+    """fuse_finish in Python: siblings scaled to sum 1 when above (float32, the child lists' order),
+    f = f(parent) * p."""
+    n = len(tree["tokens"])
+    p = [float(np.float32(x)) for x in tree["p"]]
+    total = [np.float32(0.0)] * n
+    for v in range(n - 1, 0, -1):
+        total[tree["parents"][v]] = np.float32(total[tree["parents"][v]] + np.float32(p[v]))
+    f = [float(tree["f"][0])] + [0.0] * (n - 1)
+    for v in range(1, n):
+        s = total[tree["parents"][v]]
+        if s > 1:
+            p[v] = float(np.float32(p[v]) / s)
+        f[v] = f[tree["parents"][v]] * p[v]
+    return p, f
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_with_no_candidates_it_is_the_plain_selection(seed):
+    """No row for any token of the tree: fuse_finish + best-first selection, node for node."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(2, 200))
+    tree = {"tokens": [0], "parents": [-1], "p": [1.0], "f": [1.0], "source": [-1]}
+    for i in range(1, n):
+        tree["parents"].append(int(rng.integers(max(0, i - 6), i)))
+        tree["tokens"].append(int(rng.integers(30)))
+        tree["p"].append(float(np.float32(rng.choice([0.5, 0.25, 0.9, 0.3, 0.05, 0.7]))))
+        tree["f"].append(0.0)
+        tree["source"].append(int(rng.integers(3)))
+    cap, width = int(rng.choice([1, 8, 16, 64])), int(rng.choice([0, 0, 3]))
+    out = native(tree, {99: ([1], [0.5])}, cap=cap, max_width=width, max_depth=6)
+    p, f = normalized(tree)
+    depth = out["depth"]
+    assert out["seq"] == ref.select_sequence(tree["parents"], f, depth, cap, 6, width)
+    assert len(out["tokens"]) == n
+    for v in out["seq"]:
+        assert out["p"][v] == p[v] and out["f"][v] == f[v]
+    parents, depths = np.asarray(tree["parents"], np.int32), np.asarray(depth, np.int32)
+    drafted = _core.select_sequence(parents, np.asarray(f), depths, cap, 6, width)
+    assert out["seq"] == np.asarray(drafted).tolist()
 
 
 @st.composite
@@ -212,7 +278,8 @@ def cases(draw):
         "root_prev": draw(st.integers(-1, vocab - 1)),
         "max_depth": draw(st.integers(1, 4)),
         "min_f": draw(st.sampled_from([0.0, 1e-3, 0.1])),
-        "max_new": draw(st.integers(0, 10)),
+        "cap": draw(st.integers(0, 10)),
+        "max_width": draw(st.sampled_from([0, 0, 1, 2])),
         "from_every_node": draw(st.booleans()),
     }
     return tree, table, pairs, opts
@@ -226,7 +293,7 @@ def random_table(seed):
 
 
 def oracle(tree, table, cal, pairs=None, **opts):
-    """ref.expand_recycled with the native calibration ``cal`` (None: p = raw), as ``native`` is called."""
+    """ref.select_recycled with the native calibration ``cal`` (None: p = raw), as ``native`` is called."""
 
     def cal_p(source, depth, match, raw):
         s = np.asarray([source], np.int8)
@@ -236,7 +303,7 @@ def oracle(tree, table, cal, pairs=None, **opts):
             )[0]
         )
 
-    return ref.expand_recycled(
+    return ref.select_recycled(
         tree,
         table,
         None if cal is None else cal_p,
@@ -260,8 +327,7 @@ def test_matches_the_oracle(case, seed):
 @pytest.mark.parametrize("seed", range(40))
 def test_matches_the_oracle_on_large_trees(seed):
     """Trees of hundreds of nodes (the hypothesis cases have at most 8), their f over many powers of two,
-    with p of 1/2, 1/4, 1/8 and 1 putting many f exactly on 1/4 of the max_new-th largest (the relevance
-    bound) and on each other (ties)."""
+    with p of 1/2, 1/4, 1/8 and 1 putting many f exactly on each other (ties)."""
     rng = np.random.default_rng(seed)
     vocab, n = 30, int(rng.integers(20, 400))
     tree = {"tokens": [0], "parents": [-1], "p": [1.0], "f": [1.0], "source": [-1], "match_len": [0]}
@@ -278,7 +344,7 @@ def test_matches_the_oracle_on_large_trees(seed):
     for t in range(vocab):
         ids = rng.choice(vocab, size=3, replace=False).tolist()
         table[t] = (ids, sorted(np.float32(rng.uniform(0, 1, 3)).tolist(), reverse=True))
-    opts = {"max_new": int(rng.choice([1, 8, 16, 40, 64])), "min_f": float(rng.choice([0.0, 1e-4]))}
+    opts = {"cap": int(rng.choice([1, 8, 16, 40, 64])), "min_f": float(rng.choice([0.0, 1e-4]))}
     cal = None if seed % 3 == 0 else random_table(seed).native()
     got = native(tree, table, cal, **opts)
     want = oracle(tree, table, cal, **opts)

@@ -115,28 +115,31 @@ def allocate_budget(
     return order
 
 
-def expand_recycled(
+def select_recycled(
     tree: dict,
     table: dict,
     cal_p: Callable[[int, int, int, float], float] | None,
     *,
     max_depth: int,
     min_f: float,
-    max_new: int,
+    cap: int,
+    max_width: int = 0,
     from_every_node: bool = True,
     match_edges: Sequence[int] = (1,),
     pairs: dict | None = None,
     root_prev: int = -1,
 ) -> dict:
-    """The recycled candidates added to a merged tree (csrc/core/recycled.h): rescoring, then best-first
-    expansion. tree: lists ``tokens``, ``parents``, ``p``, ``f``, ``source`` (node 0 the root), optionally
-    ``match_len`` (the retrieval match length, default 0: nodes of RESCORE_MAX_MATCH or more are not
-    rescored); table:
-    token -> (ids, probs), best first; pairs: (previous token, token) -> (ids, probs), the pair rows the
-    table holds, preferred to the token's row; root_prev: the token before the root (-1: none);
-    cal_p(source, depth, match, raw) -> p (None: p = raw); match_edges: the calibration's match-length
-    bins (for the bound on a new candidate's p). Returns the tree's lists, with ``depth``, ``raw``,
-    ``match_len`` and ``source_mask`` added."""
+    """Best-first selection in a merged tree with the recycled candidates added as it reaches them
+    (csrc/core/recycled.h): taking a node rescores its children found in its row, normalizes their p
+    (scaled to sum 1 when above), gives them f = f(node) * p and puts its first candidate not a child yet
+    on the frontier, with p = min(calibrated p, the room its children and recycled children leave).
+    tree: lists ``tokens``, ``parents``, ``p`` (the fused p before normalization), ``f`` (the root's is
+    used), ``source`` (node 0 the root), optionally ``match_len`` (default 0: nodes of RESCORE_MAX_MATCH or
+    more are not rescored); table: token -> (ids, probs), best first; pairs: (previous token, token) ->
+    (ids, probs), the pair rows the table holds, preferred to the token's row; root_prev: the token before
+    the root (-1: none); cal_p(source, depth, match, raw) -> p (None: p = raw); match_edges: the
+    calibration's match-length bins (for the bound on a candidate's p). Returns the tree's lists, with
+    ``depth``, ``raw``, ``match_len``, ``source_mask`` and ``seq`` (the selected nodes) added."""
 
     def distinct(rows: dict) -> dict:  # a token repeated in a row is kept once, at its best rank
         out = {}
@@ -149,20 +152,25 @@ def expand_recycled(
 
     table, pairs = distinct(table), distinct(pairs or {})
     t = {k: list(tree[k]) for k in ("tokens", "parents", "p", "f", "source")}
+    t["p"] = [float(np.float32(x)) for x in t["p"]]
     n = len(t["tokens"])
     t["depth"] = [0] * n
     for v in range(1, n):
         t["depth"][v] = t["depth"][t["parents"][v]] + 1
     t["raw"], t["source_mask"] = [1.0] + [0.0] * (n - 1), [0] * n  # the root: raw 1
     t["match_len"] = [int(x) for x in tree["match_len"]] if "match_len" in tree else [0] * n
-    if max_new <= 0 or max_depth < 1:
+    t["seq"] = []
+    if cap <= 0 or max_depth < 0:
         return t
-    kids = {}
-    for v in range(1, n):
-        kids[(t["parents"][v], t["tokens"][v])] = v  # the latest child with a token is the one found
+    children: list[list[int]] = [[] for _ in range(n)]
+    for v in range(n - 1, 0, -1):  # the native child lists: the latest child first
+        children[t["parents"][v]].append(v)
+
+    def f32(x: float) -> float:
+        return float(np.float32(x))
 
     def cal(source: int, depth: int, match: int, raw: float) -> float:
-        return float(np.float32(raw if cal_p is None else cal_p(source, depth, match, raw)))
+        return f32(raw if cal_p is None else cal_p(source, depth, match, raw))
 
     def row_of(v: int) -> tuple[list, list, bool]:  # the pair's row when there is one, else the token's
         a = root_prev if v == 0 else t["tokens"][t["parents"][v]]
@@ -170,75 +178,81 @@ def expand_recycled(
             return (*pairs[(a, t["tokens"][v])], True)
         return (*table.get(t["tokens"][v], ((), ())), False)
 
-    rest = sorted(t["f"][1:], reverse=True)
-    relevant_f = 0.25 * (rest[max_new - 1] if len(rest) >= max_new else 0.0)
-    relevant = [v for v in range(1, n) if t["f"][v] >= relevant_f]  # pre-rescoring f, parents first
-    for v in relevant:  # 1. rescoring
-        u = t["parents"][v]
-        ids, _, pair = row_of(u)
-        # a node absent from the row keeps its retrieval score
-        if 0 <= t["source"][v] < RECYCLED and t["tokens"][v] in ids and t["match_len"][v] < RESCORE_MAX_MATCH:
-            match = recycled_match(list(ids).index(t["tokens"][v]), pair)
-            t["raw"][v] = t["p"][v]
-            t["p"][v] = cal(RESCORED, t["depth"][v], match, t["p"][v])
-            t["source"][v], t["match_len"][v] = RESCORED, match
-            t["source_mask"][v] |= 1 << RECYCLED
-        t["f"][v] = t["f"][u] * t["p"][v]
-    best: list[float] = []  # the max_new largest f (a min-heap); the floor only rises
-    floor = [0.0]
-
-    def keep_best(f: float) -> None:
-        if len(best) < max_new:
-            heapq.heappush(best, f)
-        elif f > best[0]:
-            heapq.heapreplace(best, f)
-        if len(best) == max_new:
-            floor[0] = max(floor[0], best[0])
-
-    def good(f: float) -> bool:
-        return f >= min_f and f > floor[0]
-
-    for v in relevant:
-        keep_best(t["f"][v])
     bound = [1.0] + [
         1.0 if cal_p is None else max(cal(RECYCLED, d, max(m, 1), 1.0) for m in match_edges)
         for d in range(1, max_depth + 1)
     ]
-    heap: list[tuple[float, int, int]] = []  # (-f, node, rank): the larger f first
+    opened: dict[int, dict] = {}  # node -> its row, room and the ranks of its children
+    heap: list[tuple[float, int, int, int]] = []  # (-f, node, 0 for a tree node / 1 for a candidate, rank)
 
-    def push_next(v: int, j: int) -> None:  # 2. the first candidate after v from rank j not a child yet
-        d = t["depth"][v] + 1
-        if d > max_depth or not good(t["f"][v] * bound[d]):
-            return
-        ids, probs, pair = row_of(v)
-        while j < len(ids) and (v, int(ids[j])) in kids:
+    def good(f: float) -> bool:
+        return f > 0 and f >= min_f
+
+    def candidate_p(o: dict, d: int, j: int) -> float:
+        return min(cal(RECYCLED, d, recycled_match(j, o["pair"]), float(o["probs"][j])), o["room"])
+
+    def push_next(v: int, j: int) -> None:  # the first candidate from rank j whose token is not a child
+        o = opened[v]
+        while j < len(o["ids"]) and j in o["taken"]:
             j += 1
-        if j < len(ids):
-            f = t["f"][v] * cal(RECYCLED, d, recycled_match(j, pair), float(probs[j]))
+        if j < len(o["ids"]):
+            f = t["f"][v] * candidate_p(o, t["depth"][v] + 1, j)
             if good(f):
-                heapq.heappush(heap, (-f, v, j))
+                heapq.heappush(heap, (-max(f, 0.0), v, 1, j))
 
-    for v in [0, *relevant] if from_every_node else [0]:
-        push_next(v, 0)
-    added = 0
-    while heap and added < max_new:
-        neg_f, u, j = heapq.heappop(heap)
-        if not good(-neg_f):
-            break
-        ids, probs, pair = row_of(u)
-        push_next(u, j + 1)
-        if (u, int(ids[j])) in kids:
+    def open_node(v: int) -> None:
+        d = t["depth"][v] + 1
+        if d > max_depth:
+            return
+        wants = (from_every_node or v == 0 or t["source"][v] == RECYCLED) and good(t["f"][v] * bound[d])
+        ids, probs, pair = row_of(v)
+        o = {"ids": ids, "probs": probs, "pair": pair, "room": 0.0, "taken": set()}
+        opened[v] = o
+        total = np.float32(0.0)
+        for c in children[v]:
+            tok = t["tokens"][c]
+            if tok in ids:
+                rank = list(ids).index(tok)
+                o["taken"].add(rank)
+                if 0 <= t["source"][c] < RECYCLED and t["match_len"][c] < RESCORE_MAX_MATCH:
+                    match = recycled_match(rank, pair)
+                    t["raw"][c] = t["p"][c]
+                    t["p"][c] = cal(RESCORED, d, match, t["p"][c])
+                    t["source"][c], t["match_len"][c] = RESCORED, match
+                    t["source_mask"][c] |= 1 << RECYCLED
+            total = np.float32(total + np.float32(t["p"][c]))
+        for c in children[v]:
+            if total > 1:
+                t["p"][c] = f32(np.float32(t["p"][c]) / total)
+            t["f"][c] = t["f"][v] * t["p"][c]
+            heapq.heappush(heap, (-max(t["f"][c], 0.0), c, 0, 0))
+        if wants:
+            o["room"] = f32(max(np.float32(0.0), np.float32(1.0) - min(total, np.float32(1.0))))
+            push_next(v, 0)
+
+    width: dict[int, int] = {}
+    open_node(0)
+    while heap and len(t["seq"]) < cap:
+        neg_f, u, kind, j = heapq.heappop(heap)
+        d = t["depth"][u] + kind
+        if max_width > 0 and width.get(d, 0) >= max_width:
             continue
-        v = len(t["tokens"])
-        kids[(u, int(ids[j]))] = v
-        added += 1
-        d = t["depth"][u] + 1
-        for key, val in (("tokens", int(ids[j])), ("parents", u), ("depth", d), ("source", RECYCLED),
-                         ("raw", float(probs[j])), ("match_len", recycled_match(j, pair)),
-                         ("p", cal(RECYCLED, d, recycled_match(j, pair), float(probs[j]))),
-                         ("source_mask", 1 << RECYCLED),
-                         ("f", -neg_f)):  # fmt: skip
-            t[key].append(val)
-        keep_best(-neg_f)
-        push_next(v, 0)
+        width[d] = width.get(d, 0) + 1
+        v = u
+        if kind == 1:  # a candidate: its node is created
+            o = opened[u]
+            p = candidate_p(o, d, j)
+            o["room"] = f32(max(np.float32(0.0), np.float32(o["room"]) - np.float32(p)))
+            o["taken"].add(j)
+            push_next(u, j + 1)
+            v = len(t["tokens"])
+            children.append([])
+            children[u].insert(0, v)
+            for key, val in (("tokens", int(o["ids"][j])), ("parents", u), ("depth", d), ("source", RECYCLED),
+                             ("raw", float(o["probs"][j])), ("match_len", recycled_match(j, o["pair"])),
+                             ("p", p), ("source_mask", 1 << RECYCLED), ("f", -neg_f)):  # fmt: skip
+                t[key].append(val)
+        t["seq"].append(v)
+        if len(t["seq"]) < cap:
+            open_node(v)
     return t
