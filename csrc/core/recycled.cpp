@@ -153,17 +153,20 @@ class Selector {
     open(0);
     const auto cap = static_cast<size_t>(params_.cap);
     while (!s_.heap.empty() && seq_.size() < cap) {
-      std::pop_heap(s_.heap.begin(), s_.heap.end());
-      const Key key = s_.heap.back();
-      s_.heap.pop_back();
+      // The top stays in place while it is taken: the first item pushed after replaces it (one sift
+      // down instead of a removal and an insertion), else it is removed at the end.
+      const Key key = s_.heap[0];
+      top_free_ = true;
       const uint64_t code = ~static_cast<uint64_t>(key);
       int32_t v = static_cast<int32_t>(code >> 32);
       int32_t& w = s_.width[static_cast<size_t>(t_.depth[v] + ((code & kCandidate) != 0))];
-      if (params_.max_width > 0 && w >= params_.max_width) continue;
-      ++w;
-      if ((code & kCandidate) != 0) v = take(v, static_cast<int32_t>(code & (kCandidate - 1)), key_f(key));
-      seq_.push_back(v);
-      if (seq_.size() < cap) open(v);  // the last node's children could not be taken
+      if (params_.max_width <= 0 || w < params_.max_width) {
+        ++w;
+        if ((code & kCandidate) != 0) v = take(v, static_cast<int32_t>(code & (kCandidate - 1)), key_f(key));
+        seq_.push_back(v);
+        if (seq_.size() < cap) open(v);  // the last node's children could not be taken
+      }
+      if (top_free_) remove_top();
     }
   }
 
@@ -176,9 +179,42 @@ class Selector {
   bool rescorable(int32_t c) const {
     return t_.source[c] >= 0 && t_.source[c] < kNumTrieSources && t_.match_len[c] < kRescoreMaxMatch;
   }
+  // The frontier: a binary max-heap of keys. While top_free_, the top is the item being taken: a push
+  // takes its place.
   void push(Key k) {
-    s_.heap.push_back(k);
-    std::push_heap(s_.heap.begin(), s_.heap.end());
+    std::vector<Key>& h = s_.heap;
+    if (top_free_) {
+      top_free_ = false;
+      sift_down(k, 0);
+      return;
+    }
+    size_t i = h.size();
+    h.push_back(k);
+    while (i > 0 && h[(i - 1) / 2] < k) {
+      h[i] = h[(i - 1) / 2];
+      i = (i - 1) / 2;
+    }
+    h[i] = k;
+  }
+  void remove_top() {
+    std::vector<Key>& h = s_.heap;
+    const Key last = h.back();
+    h.pop_back();
+    if (!h.empty()) sift_down(last, 0);
+  }
+  // Puts k at slot i and moves it down to where it belongs.
+  void sift_down(Key k, size_t i) {
+    std::vector<Key>& h = s_.heap;
+    const size_t n = h.size();
+    for (;;) {
+      size_t c = 2 * i + 1;
+      if (c >= n) break;
+      c += static_cast<size_t>(c + 1 < n && h[c] < h[c + 1]);
+      if (!(k < h[c])) break;
+      h[i] = h[c];
+      i = c;
+    }
+    h[i] = k;
   }
 
   // Node v's entry in s_.opened, its row looked up when `read` (else none).
@@ -274,6 +310,7 @@ class Selector {
   CandidateTree& t_;
   std::vector<int32_t>& seq_;
   RecycleScratch& s_;
+  bool top_free_ = false;
 };
 }  // namespace
 
