@@ -6,6 +6,8 @@
 #include <queue>
 #include <utility>
 
+#include "core/heap.h"
+
 namespace sssd {
 
 void CandidateTree::reset(int32_t root_token, int32_t max_nodes) {
@@ -132,6 +134,9 @@ void fuse_finish(CandidateTree& out) {
 }
 
 namespace {
+using heap::heap_push;
+using heap::heap_replace_top;
+using heap::sift_down;
 // Max-heaps keyed (value, index): the larger value first, ties to the lower index. The key order is
 // strict and total over distinct indices, so the pop order does not depend on how a heap is built.
 using HeapItem = std::pair<double, int32_t>;
@@ -165,49 +170,6 @@ struct KeyOrder {
   static int32_t index(Item x) { return static_cast<int32_t>(0xffffffffu - static_cast<uint32_t>(x)); }
   static bool first(Item a, Item b) { return a > b; }
 };
-
-template <class O>
-void sift_down(std::vector<typename O::Item>& h, size_t i) {
-  const size_t n = h.size();
-  const auto x = h[i];
-  for (;;) {
-    size_t c = 2 * i + 1;
-    if (c >= n) break;
-    c += static_cast<size_t>(c + 1 < n && O::first(h[c + 1], h[c]));
-    if (!O::first(h[c], x)) break;
-    h[i] = h[c];
-    i = c;
-  }
-  h[i] = x;
-}
-template <class O>
-void sift_up(std::vector<typename O::Item>& h, size_t i) {
-  const auto x = h[i];
-  while (i > 0) {
-    const size_t parent = (i - 1) / 2;
-    if (!O::first(x, h[parent])) break;
-    h[i] = h[parent];
-    i = parent;
-  }
-  h[i] = x;
-}
-template <class O>
-void heap_push(std::vector<typename O::Item>& h, typename O::Item x) {
-  h.push_back(x);
-  sift_up<O>(h, h.size() - 1);
-}
-// Replaces the top by x (or removes it when x is null) in one sift.
-template <class O>
-void heap_replace_top(std::vector<typename O::Item>& h, const typename O::Item* x) {
-  if (x != nullptr) {
-    h[0] = *x;
-  } else {
-    h[0] = h.back();
-    h.pop_back();
-    if (h.empty()) return;
-  }
-  sift_down<O>(h, 0);
-}
 
 // Best-first selection given the children of each node: for_children(v, fn) calls fn(c) for every
 // child c of v (any order). `heap` is the scratch heap of the order O.

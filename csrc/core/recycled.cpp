@@ -2,9 +2,10 @@
 
 #include <algorithm>
 #include <cstring>
-#include <functional>
 #include <stdexcept>
 #include <string>
+
+#include "core/heap.h"
 
 namespace sssd {
 
@@ -179,43 +180,21 @@ class Selector {
   bool rescorable(int32_t c) const {
     return t_.source[c] >= 0 && t_.source[c] < kNumTrieSources && t_.match_len[c] < kRescoreMaxMatch;
   }
-  // The frontier: a binary max-heap of keys. While top_free_, the top is the item being taken: a push
-  // takes its place.
+  // The frontier: a max-heap of keys (core/heap.h). While top_free_, the top is the item being taken: a
+  // push takes its place.
+  struct Order {
+    using Item = Key;
+    static bool first(Key a, Key b) { return a > b; }
+  };
   void push(Key k) {
-    std::vector<Key>& h = s_.heap;
     if (top_free_) {
       top_free_ = false;
-      sift_down(k, 0);
-      return;
+      heap::heap_replace_top<Order>(s_.heap, &k);
+    } else {
+      heap::heap_push<Order>(s_.heap, k);
     }
-    size_t i = h.size();
-    h.push_back(k);
-    while (i > 0 && h[(i - 1) / 2] < k) {
-      h[i] = h[(i - 1) / 2];
-      i = (i - 1) / 2;
-    }
-    h[i] = k;
   }
-  void remove_top() {
-    std::vector<Key>& h = s_.heap;
-    const Key last = h.back();
-    h.pop_back();
-    if (!h.empty()) sift_down(last, 0);
-  }
-  // Puts k at slot i and moves it down to where it belongs.
-  void sift_down(Key k, size_t i) {
-    std::vector<Key>& h = s_.heap;
-    const size_t n = h.size();
-    for (;;) {
-      size_t c = 2 * i + 1;
-      if (c >= n) break;
-      c += static_cast<size_t>(c + 1 < n && h[c] < h[c + 1]);
-      if (!(k < h[c])) break;
-      h[i] = h[c];
-      i = c;
-    }
-    h[i] = k;
-  }
+  void remove_top() { heap::heap_replace_top<Order>(s_.heap, nullptr); }
 
   // Node v's entry in s_.opened, its row looked up when `read` (else none).
   Opened& make_opened(int32_t v, bool read) {
