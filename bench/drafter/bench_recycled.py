@@ -62,7 +62,7 @@ def teacher(pairs, k: int = 8):
     return TeacherTopK(*teacher_top_k(model, seqs, k, cache_file=path))
 
 
-def part_a(ds) -> None:
+def part_a(ds, extra: dict) -> None:
     pairs = load_pairs(PAIRS)
     top = teacher(pairs)
     print(f"\n(a) MAL, teacher-forced, batch 1, online calibration ({load()})\n")
@@ -72,7 +72,7 @@ def part_a(ds) -> None:
         sub, sub_top = [pairs[i] for i in idx], top.take(list(idx))
         for store in (ds, None):
             for budget in (16, 64):
-                r = [replay(sub, sub_top, store, budget, rec) for rec in (False, True)]
+                r = [replay(sub, sub_top, store, budget, rec, extra) for rec in (False, True)]
                 us = [x.us_per_request_step for x in r]
                 cells = [name, "yes" if store else "no", budget, f"{r[0].mal:.3f}", f"{r[1].mal:.3f}"]
                 cells += [
@@ -84,8 +84,8 @@ def part_a(ds) -> None:
                 row(cells)
 
 
-def replay(pairs, top, store, budget: int, recycled: bool):
-    drafter = sssd.Drafter(store, sssd.DrafterConfig(use_recycled=recycled))
+def replay(pairs, top, store, budget: int, recycled: bool, extra: dict):
+    drafter = sssd.Drafter(store, sssd.DrafterConfig(use_recycled=recycled, **(extra if recycled else {})))
     top = top if recycled else None
     return simulate(drafter, pairs, budget=budget, batch_size=1, observe=True, top_k=top)
 
@@ -94,10 +94,11 @@ def row(cells) -> None:
     print("| " + " | ".join(map(str, cells)) + " |", flush=True)
 
 
-def _drafters(ds, pairs, top, batch: int):
+def _drafters(ds, pairs, top, batch: int, extra: dict):
     out = []
     for rec in (False, True):
-        d = sssd.Drafter(ds, sssd.DrafterConfig(use_recycled=rec, vocab_size=corpora.VOCAB))
+        cfg = sssd.DrafterConfig(use_recycled=rec, vocab_size=corpora.VOCAB, **(extra if rec else {}))
+        d = sssd.Drafter(ds, cfg)
         for p in pairs[-100:]:
             d.add_to_pool(p.output_ids)
         if rec:
@@ -116,7 +117,7 @@ def _drafters(ds, pairs, top, batch: int):
     return out
 
 
-def part_b(ds, rounds: int, requests: int = 400) -> None:
+def part_b(ds, rounds: int, requests: int, extra: dict) -> None:
     import torch
 
     pairs = load_pairs(PAIRS)
@@ -131,7 +132,7 @@ def part_b(ds, rounds: int, requests: int = 400) -> None:
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for batch in (1, 4, 16):
-        drafters = _drafters(ds, pairs, top, batch)
+        drafters = _drafters(ds, pairs, top, batch, extra)
         for budget in (16, 64):
             wall, cpu = ([], []), ([], [])
             reps = max(20, requests // batch)
@@ -166,7 +167,7 @@ def part_b(ds, rounds: int, requests: int = 400) -> None:
                     ratios[1],
                 ]
             )
-    d = _drafters(ds, pairs, top, 1)[1]
+    d = _drafters(ds, pairs, top, 1, extra)[1]
     for rows in (4, 16):
         args = (top.ids[:rows, 0].copy(), top.ids[:rows].copy(), top.probs[:rows].copy())
         t0 = time.perf_counter()
@@ -272,23 +273,36 @@ def main() -> None:
     ap.add_argument(
         "--arms",
         default="sssd,sssd+recycled,sssd+recycled-all",
-        help="(c) arms besides plain decoding: sssd, sssd+recycled, sssd+recycled-all, sssd+recycled-all*",
+        help="(c) arms besides plain decoding: sssd, sssd+recycled, sssd+recycled-all, sssd+recycled-all*; "
+        "an arm may carry DrafterConfig overrides, e.g. sssd+recycled-all:recycle_trust_match=9",
     )
     ap.add_argument("--mal-prompts", type=int, default=24, help="(d) held-out development prompts")
     ap.add_argument("--mal-stores", default="yes,no", help="(d) with the datastore (yes), without (no)")
     ap.add_argument("--mal-budgets", default="16,64", help="(d) fixed budgets")
-    ap.add_argument("--mal-arms", default="walked,all", help="(d, e) arms besides off: walked, all")
+    ap.add_argument(
+        "--mal-arms",
+        default="walked,all",
+        help="(d, e) arms besides off: walked, all (with DrafterConfig overrides as --arms: all:key=value)",
+    )
     ap.add_argument(
         "--calibration", default="default", help="(c, d, e) the drafters' calibration table (a JSON file)"
     )
+    ap.add_argument(
+        "--recycled-config",
+        default="",
+        help="(a, b) DrafterConfig overrides of the drafter with the source, e.g. :recycle_trust_match=0",
+    )
     ap.add_argument("--calibration2", help="(c) the table of the arm sssd+recycled-all* (a JSON file)")
     args = ap.parse_args()
+    from bench_recycled_engine import split_arm
+
+    extra = split_arm(args.recycled_config)[1]
     ds = sssd.Datastore.open(corpora.outputs_datastore())
     parts = args.parts.split(",")
     if "a" in parts:
-        part_a(ds)
+        part_a(ds, extra)
     if "b" in parts:
-        part_b(ds, args.rounds, args.round_requests)
+        part_b(ds, args.rounds, args.round_requests, extra)
     if "c" in parts:
         part_c(args)
     if "d" in parts:

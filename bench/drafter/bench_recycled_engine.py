@@ -15,6 +15,19 @@ import sssd
 ARMS = ("plain", "sssd", "sssd+recycled", "sssd+recycled-all", "sssd+recycled-all*")
 
 
+def split_arm(arm: str) -> tuple[str, dict]:
+    """An arm's name and its DrafterConfig overrides: "sssd+recycled-all:recycle_trust_match=9" is the arm
+    sssd+recycled-all with DrafterConfig(recycle_trust_match=9) (several: name:a=1:b=2)."""
+    import ast
+
+    name, *pairs = arm.split(":")
+    out = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        out[key] = ast.literal_eval(value)
+    return name, out
+
+
 def _prompts(tok, n_dev: int, n_bundled: int | None = None) -> list[tuple[str, str, list[int]]]:
     """(kind, id, prompt ids): the bundled prompts (all, or the first n_bundled with the kinds in turn),
     then n_dev development prompts that are not among them. A prompt run twice would draft its second run
@@ -33,7 +46,8 @@ def _prompts(tok, n_dev: int, n_bundled: int | None = None) -> list[tuple[str, s
 def _engines(model, tok, ds, batch: int, budget: int, arms, calibration="default", calibration2=None) -> dict:
     v = corpora.VOCAB
     out = {}
-    for arm in arms:
+    for label in arms:
+        arm, extra = split_arm(label)
         drafter = (
             None
             if arm == "plain"
@@ -44,12 +58,13 @@ def _engines(model, tok, ds, batch: int, budget: int, arms, calibration="default
                     recycle_rows="all" if "-all" in arm else "walked",
                     vocab_size=v,
                     calibration=calibration2 if arm.endswith("*") else calibration,
+                    **extra,
                 ),
             )
         )
         cfg = sssd.EngineConfig(budget=0 if drafter is None else budget, max_batch_size=batch,
                                 budget_mode="fixed" if drafter is None else "adaptive")  # fmt: skip
-        out[arm] = sssd.Engine(model, tok, drafter=drafter, config=cfg)
+        out[label] = sssd.Engine(model, tok, drafter=drafter, config=cfg)
     return out
 
 
@@ -140,7 +155,7 @@ def run_engine(args) -> None:
         prompts = _prompts(tok, args.dev, args.prompts)
         for batch in map(int, args.batches.split(",")):
             plain = [] if args.no_plain else ["plain"]
-            arms = plain + [a for a in args.arms.split(",") if a in ARMS and a != "plain"]
+            arms = plain + [a for a in args.arms.split(",") if split_arm(a)[0] in ARMS and a != "plain"]
             rounds = []
             cals = (args.calibration, args.calibration2)
             for _ in range(args.engine_rounds):  # fresh engines and drafters: a cold pool and table each
@@ -207,20 +222,22 @@ def run_mal(args, prompts_of, stores: dict, budgets: list[int], title: str) -> N
     for store, ds in stores.items():
         for budget in budgets:
             outs, times = {}, {}
-            arms = [a for a in MAL_ARMS if a == "off" or a in args.mal_arms.split(",")]
-            for arm in arms:
-                rows = "all" if arm == "all" else "walked"
+            asked = args.mal_arms.split(",")
+            arms = ["off"] + [a for a in asked if split_arm(a)[0] in MAL_ARMS and a != "off"]
+            for label in arms:
+                arm, extra = split_arm(label)
                 cfg = sssd.DrafterConfig(
                     use_recycled=arm != "off",
-                    recycle_rows=rows,
+                    recycle_rows="all" if arm == "all" else "walked",
                     vocab_size=corpora.VOCAB,
                     calibration=args.calibration,
+                    **extra,
                 )
                 fixed = sssd.EngineConfig(budget=budget, budget_mode="fixed", max_batch_size=1)
                 engine = sssd.Engine(model, tok, drafter=sssd.Drafter(ds, cfg), config=fixed)
                 # one at a time: each request's own steps
-                outs[arm] = [engine.generate([list(p[2])], max_new_tokens=args.new)[0] for p in prompts]
-                times[arm] = _step_ms(engine)
+                outs[label] = [engine.generate([list(p[2])], max_new_tokens=args.new)[0] for p in prompts]
+                times[label] = _step_ms(engine)
             base = None
             for arm in arms:
                 res = outs[arm]
