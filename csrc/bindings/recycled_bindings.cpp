@@ -92,6 +92,7 @@ py::dict select_tree(py::dict tree, py::handle tokens, py::handle ids, py::handl
   const int32_t slots = opts.contains("pair_slots") ? int32_arg(opts["pair_slots"], "pair_slots", 0, 1 << 24)
                                                     : (prev != nullptr ? 1 << 16 : 0);
   if (opts.contains("root_prev")) rp.root_prev = int32_arg(opts["root_prev"], "root_prev", -1, 1 << 30);
+  if (opts.contains("trust_match")) rp.trust_match = int32_arg(opts["trust_match"], "trust_match", 0, 1 << 30);
   for (int64_t i = 0; i < t.n; ++i) {
     if (t.tokens[i] < 0) throw py::value_error("tokens must be >= 0");
   }

@@ -184,7 +184,8 @@ void Drafter::draft_one(const Request& r, int32_t cap, Work& s, Draft& d) const 
   fuse_merge(tries, cal, params_.fusion, s.tree, recycle ? cap : 0);
   if (recycle) {  // normalization and selection in one pass, the candidates added as it reaches them
     const RecycleParams rp{params_.max_depth, params_.fusion.min_f, cap, params_.max_width,
-                           params_.recycle_from_every_node, len >= 2 ? ctx[static_cast<size_t>(len - 2)] : -1};
+                           params_.recycle_from_every_node, len >= 2 ? ctx[static_cast<size_t>(len - 2)] : -1,
+                           params_.recycle_trust_match};
     select_recycled(recycled_, cal, rp, s.tree, s.seq, s.recycle);
   } else {
     fuse_finish(s.tree);

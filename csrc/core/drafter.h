@@ -34,6 +34,8 @@ struct DrafterParams {
   bool use_recycled = false;
   int32_t recycle_k = 8;
   bool recycle_from_every_node = true;
+  // A node with a retrieval child continuing a match this long does not consult its row (0: always does).
+  int32_t recycle_trust_match = kRescoreMaxMatch;
   // Rows kept per (previous token, token) pair besides the per-token rows: a direct-mapped table of this
   // many slots (a power of two; 0: none).
   int32_t recycle_pair_slots = 1 << 16;

@@ -177,6 +177,11 @@ class Selector {
     return cal_ != nullptr ? cal_->apply(source, depth, match, raw) : raw;
   }
   bool good(double f) const { return f > 0.0 && f >= params_.min_f; }
+  // A retrieval child whose match is long enough to trust its source over the rows (trust_match).
+  bool trusts(int32_t c) const {
+    return params_.trust_match > 0 && t_.source[c] >= 0 && t_.source[c] < kNumTrieSources &&
+           t_.match_len[c] >= params_.trust_match;
+  }
   bool rescorable(int32_t c) const {
     return t_.source[c] >= 0 && t_.source[c] < kNumTrieSources && t_.match_len[c] < kRescoreMaxMatch;
   }
@@ -218,10 +223,14 @@ class Selector {
   void open(int32_t v) {
     const int32_t d = t_.depth[v] + 1;
     if (d > params_.max_depth) return;  // no child or candidate is eligible
-    const bool candidates = (params_.from_every_node || v == 0 || t_.source[v] == kRecycledSource) &&
+    bool candidates = (params_.from_every_node || v == 0 || t_.source[v] == kRecycledSource) &&
                             good(t_.f[v] * static_cast<double>(s_.bound[static_cast<size_t>(d)]));
-    bool rescore = false;
-    for (int32_t c = t_.first_child[v]; c >= 0; c = t_.next_sibling[c]) rescore |= rescorable(c);
+    bool rescore = false, trusted = false;
+    for (int32_t c = t_.first_child[v]; c >= 0; c = t_.next_sibling[c]) {
+      rescore |= rescorable(c);
+      trusted |= trusts(c);
+    }
+    if (trusted) candidates = rescore = false;
     Opened& o = make_opened(v, candidates || rescore);
     // The sum in child-list order (decreasing index), as fuse_finish rounds it.
     float sum = 0.0f;

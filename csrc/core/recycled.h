@@ -118,6 +118,9 @@ struct RecycleParams {
   int32_t max_width = 0;          // nodes selected per depth level at most (<= 0: no limit)
   bool from_every_node = true;    // false: below the root and recycled nodes only (a subtree of its own)
   int32_t root_prev = -1;         // the context's token before the root (-1: none)
+  // A node with a retrieval child continuing a match of at least this many tokens does not consult its
+  // row: its children keep their retrieval p (none rescored) and it gets no candidates (0: off).
+  int32_t trust_match = 0;
 };
 
 // Reusable buffers of select_recycled (one per thread): nothing is allocated once they are warm, and
@@ -160,6 +163,8 @@ struct RecycleScratch {
 //    where room is the mass the node's children leave (1 - their p sum) less what its recycled children
 //    already took; taking one creates the node and puts the row's next candidate on the frontier. Only
 //    the root, recycled nodes and (from_every_node) every node get candidates; none with f < min_f.
+// A node with a retrieval child continuing a match of at least trust_match tokens (when > 0) skips 1 and
+// 3: its row is not read, its children keep their retrieval p (2 still applies).
 // Ties in f go to the lower node, tree nodes before candidates, then the lower rank. With no candidate
 // in any row the selection is fuse_finish + select_sequence's, node for node. Without a calibration
 // p = the raw score.

@@ -34,6 +34,8 @@ def test_select_recycled(tree, rows, data):
     }
     if data.draw(st.booleans()):
         opts["max_width"] = data.draw(st.one_of(ints(-1, 5), JUNK))
+    if data.draw(st.booleans()):
+        opts["trust_match"] = data.draw(st.one_of(ints(-1, 40), JUNK))
     if data.draw(st.booleans()):  # the pair rows: the token before each row's, the root's, the slots
         n_rows = len(rows[0]) if isinstance(rows[0], np.ndarray) and rows[0].ndim == 1 else 0
         fit = np.asarray(data.draw(st.lists(st.integers(-1, 60), min_size=n_rows, max_size=n_rows)), np.int32)

@@ -157,6 +157,27 @@ def test_a_long_match_keeps_its_retrieval_score():
     assert out["p"][1] == 0.5 and out["source_mask"][1] == 0
 
 
+def test_a_trusted_match_keeps_the_rows_out():
+    # trust_match: a node with a retrieval child continuing a match that long neither rescores its
+    # children (the short-match sibling keeps its p too) nor gets candidates
+    tree = {
+        "tokens": [5, 7, 6, 9],
+        "parents": [-1, 0, 0, 1],
+        "p": [1.0, 0.5, 0.25, 0.5],
+        "f": [1.0, 0.5, 0.25, 0.25],
+        "source": [-1, 0, 1, 0],
+        "match_len": [0, 12, 2, 12],
+    }
+    table = {5: ([6, 8], [0.75, 0.25]), 7: ([3, 4], [0.5, 0.25])}
+    cal = random_table(1).native()
+    off = native(tree, table, cal, cap=6)
+    on = native(tree, table, cal, cap=6, trust_match=12)
+    assert off["source"][2] == ref.RESCORED and {8, 3} <= set(off["tokens"][4:])  # candidates of 5 and 7
+    assert on["source"][2] == 1 and on["p"][2] == 0.25  # kept, as fuse_finish leaves it (sum < 1)
+    assert on["tokens"] == tree["tokens"]  # no candidates: 5 and 7 each have a trusted child
+    assert native(tree, table, cal, cap=6, trust_match=13)["tokens"] == off["tokens"]
+
+
 def test_candidates_get_the_room_the_children_leave():
     tree = {
         "tokens": [5, 7, 6],
@@ -281,6 +302,7 @@ def cases(draw):
         "cap": draw(st.integers(0, 10)),
         "max_width": draw(st.sampled_from([0, 0, 1, 2])),
         "from_every_node": draw(st.booleans()),
+        "trust_match": draw(st.sampled_from([0, 0, 8, 9, 30])),
     }
     return tree, table, pairs, opts
 
@@ -345,6 +367,7 @@ def test_matches_the_oracle_on_large_trees(seed):
         ids = rng.choice(vocab, size=3, replace=False).tolist()
         table[t] = (ids, sorted(np.float32(rng.uniform(0, 1, 3)).tolist(), reverse=True))
     opts = {"cap": int(rng.choice([1, 8, 16, 40, 64])), "min_f": float(rng.choice([0.0, 1e-4]))}
+    opts["trust_match"] = int(rng.choice([0, 4, 9]))
     cal = None if seed % 3 == 0 else random_table(seed).native()
     got = native(tree, table, cal, **opts)
     want = oracle(tree, table, cal, **opts)

@@ -128,6 +128,7 @@ def select_recycled(
     match_edges: Sequence[int] = (1,),
     pairs: dict | None = None,
     root_prev: int = -1,
+    trust_match: int = 0,
 ) -> dict:
     """Best-first selection in a merged tree with the recycled candidates added as it reaches them
     (csrc/core/recycled.h): taking a node rescores its children found in its row, normalizes their p
@@ -138,8 +139,10 @@ def select_recycled(
     more are not rescored); table: token -> (ids, probs), best first; pairs: (previous token, token) ->
     (ids, probs), the pair rows the table holds, preferred to the token's row; root_prev: the token before
     the root (-1: none); cal_p(source, depth, match, raw) -> p (None: p = raw); match_edges: the
-    calibration's match-length bins (for the bound on a candidate's p). Returns the tree's lists, with
-    ``depth``, ``raw``, ``match_len``, ``source_mask`` and ``seq`` (the selected nodes) added."""
+    calibration's match-length bins (for the bound on a candidate's p); trust_match > 0: a node with a
+    retrieval child of at least that match length neither rescores its children nor gets candidates.
+    Returns the tree's lists, with ``depth``, ``raw``, ``match_len``, ``source_mask`` and ``seq`` (the
+    selected nodes) added."""
 
     def distinct(rows: dict) -> dict:  # a token repeated in a row is kept once, at its best rank
         out = {}
@@ -205,7 +208,11 @@ def select_recycled(
         if d > max_depth:
             return
         wants = (from_every_node or v == 0 or t["source"][v] == RECYCLED) and good(t["f"][v] * bound[d])
-        ids, probs, pair = row_of(v)
+        trusted = trust_match > 0 and any(
+            0 <= t["source"][c] < RECYCLED and t["match_len"][c] >= trust_match for c in children[v]
+        )
+        ids, probs, pair = ((), (), False) if trusted else row_of(v)
+        wants = wants and not trusted
         o = {"ids": ids, "probs": probs, "pair": pair, "room": 0.0, "taken": set()}
         opened[v] = o
         total = np.float32(0.0)

@@ -51,6 +51,10 @@ class DrafterConfig:
     # rows kept per (previous token, token) pair besides the per-token rows: slots of a direct-mapped
     # table (a power of two, 0: none); each costs 9 + 8 * recycle_k bytes, allocated with use_recycled
     recycle_pair_slots: int = 1 << 16
+    # a node with a retrieval child continuing a match at least this long does not consult its row: its
+    # children keep their retrieval p and it gets no candidates (a long match outranks the rows; 0: off;
+    # 9 = the match length from which a node is never rescored itself, kRescoreMaxMatch)
+    recycle_trust_match: int = 9
     max_depth: int = 16  # deepest draft node (also the continuation length read per occurrence)
     max_width: int = 0  # most nodes at one depth of a tree (0: no limit)
     max_tree_nodes: int = 127  # most non-root nodes of one tree (127: trees fit 128-bit ancestor masks)
@@ -100,6 +104,8 @@ class DrafterConfig:
         slots = self.recycle_pair_slots
         if not 0 <= slots <= 1 << 24 or slots & (slots - 1):
             raise ValueError(f"recycle_pair_slots must be 0 or a power of two <= 2^24, got {slots}")
+        if not 0 <= self.recycle_trust_match <= 1 << 30:
+            raise ValueError(f"recycle_trust_match must be in [0, 2^30], got {self.recycle_trust_match}")
         if not 0 <= self.threads <= 1024:
             raise ValueError(f"threads must be in [0, 1024] (0: OpenMP's default), got {self.threads}")
         if not (self.step_time > 0 and self.slo_slack >= 0):
