@@ -61,6 +61,16 @@ def held(table, pairs, slots=1 << 16):
     return rows, {key: pairs[key] for key in slot.values()}
 
 
+def tree_of(*nodes):
+    """A hand-made tree from (token, parent, p, source, match_len) rows, node 0 the root; f: products of p."""
+    keys = ("tokens", "parents", "p", "source", "match_len")
+    tree = {key: [row[i] for row in nodes] for i, key in enumerate(keys)}
+    tree["f"] = [1.0] * len(nodes)
+    for v in range(1, len(nodes)):
+        tree["f"][v] = tree["f"][tree["parents"][v]] * tree["p"][v]
+    return tree
+
+
 def root_tree(token=5):
     return {"tokens": [token], "parents": [-1], "p": [1.0], "f": [1.0], "source": [-1]}
 
@@ -160,14 +170,8 @@ def test_a_long_match_keeps_its_retrieval_score():
 def test_a_trusted_match_keeps_the_rows_out():
     # trust_match: a node with a retrieval child continuing a match that long neither rescores its
     # children (the short-match sibling keeps its p too) nor gets candidates
-    tree = {
-        "tokens": [5, 7, 6, 9],
-        "parents": [-1, 0, 0, 1],
-        "p": [1.0, 0.5, 0.25, 0.5],
-        "f": [1.0, 0.5, 0.25, 0.25],
-        "source": [-1, 0, 1, 0],
-        "match_len": [0, 12, 2, 12],
-    }
+    # 5 -> 7 (input, match 12) -> 9 (input, match 12); 5 -> 6 (datastore, match 2)
+    tree = tree_of((5, -1, 1.0, -1, 0), (7, 0, 0.5, 0, 12), (6, 0, 0.25, 1, 2), (9, 1, 0.5, 0, 12))
     table = {5: ([6, 8], [0.75, 0.25]), 7: ([3, 4], [0.5, 0.25])}
     cal = random_table(1).native()
     off = native(tree, table, cal, cap=6)
