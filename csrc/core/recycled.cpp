@@ -224,7 +224,7 @@ class Selector {
     const int32_t d = t_.depth[v] + 1;
     if (d > params_.max_depth) return;  // no child or candidate is eligible
     bool candidates = (params_.from_every_node || v == 0 || t_.source[v] == kRecycledSource) &&
-                            good(t_.f[v] * static_cast<double>(s_.bound[static_cast<size_t>(d)]));
+                      good(t_.f[v] * static_cast<double>(s_.bound[static_cast<size_t>(d)]));
     bool rescore = false, trusted = false;
     for (int32_t c = t_.first_child[v]; c >= 0; c = t_.next_sibling[c]) {
       rescore |= rescorable(c);
