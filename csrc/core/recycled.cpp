@@ -1,7 +1,9 @@
 #include "core/recycled.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -121,10 +123,16 @@ void depth_bounds(const Calibration* cal, int32_t max_depth, std::vector<float>&
 
 // Bit j set: row[j].id == token (j < count <= kMaxRecycledK). No early exit: rows are short, and the
 // comparisons of a row run side by side.
-inline uint64_t rank_mask(const RecycledCandidate* row, int32_t count, int32_t token) {
+template <int32_t K>
+inline uint64_t rank_mask_of(const RecycledCandidate* row, int32_t count, int32_t token) {
   uint64_t m = 0;
-  for (int32_t j = 0; j < count; ++j) m |= static_cast<uint64_t>(row[j].id == token) << j;
+  for (int32_t j = 0; j < (K > 0 ? K : count); ++j) m |= static_cast<uint64_t>(row[j].id == token) << j;
   return m;
+}
+// The whole row when it is 8 long (the default k; a fixed trip count the compiler unrolls): its entries
+// past count are ids -1, which no token matches.
+inline uint64_t rank_mask(const RecycledCandidate* row, int32_t count, int32_t k, int32_t token) {
+  return k == 8 ? rank_mask_of<8>(row, count, token) : rank_mask_of<0>(row, count, token);
 }
 
 // One selection: the tree, the table, the frontier heap.
@@ -142,11 +150,16 @@ class Selector {
       s.bound_depth = params.max_depth;
     }
     s.heap.clear();
-    s.opened.clear();
+    // Opened entries: the root and each taken node but the last (at most cap + 1); sized, not cleared.
+    if (s.opened.size() < static_cast<size_t>(params.cap) + 1) s.opened.resize(static_cast<size_t>(params.cap) + 1);
     s.width.assign(static_cast<size_t>(params.max_depth) + 2, 0);
-    // Sized, not cleared: a node's slot is written when it is opened, and only opened nodes' are read.
+    // Sized, not cleared: a node's slot is written when it is opened, and only opened nodes' are read;
+    // the children of the opened nodes are at most every node but the root.
     if (s.slot.size() < static_cast<size_t>(t.size() + params.cap)) {
       s.slot.resize(static_cast<size_t>(t.size() + params.cap));
+    }
+    if (s.kids.size() < static_cast<size_t>(t.size() + params.cap)) {
+      s.kids.resize(static_cast<size_t>(t.size() + params.cap));
     }
   }
 
@@ -163,7 +176,11 @@ class Selector {
       int32_t& w = s_.width[static_cast<size_t>(t_.depth[v] + ((code & kCandidate) != 0))];
       if (params_.max_width <= 0 || w < params_.max_width) {
         ++w;
-        if ((code & kCandidate) != 0) v = take(v, static_cast<int32_t>(code & (kCandidate - 1)), key_f(key));
+        if ((code & kCandidate) != 0) {
+          v = take(v, static_cast<int32_t>(code & (kCandidate - 1)), key_f(key));
+        } else {
+          push_kid(opened(t_.parents[v]));  // v's next sibling
+        }  // (an item skipped for width leaves its siblings and its node's candidates off: same depth)
         seq_.push_back(v);
         if (seq_.size() < cap) open(v);  // the last node's children could not be taken
       }
@@ -176,7 +193,8 @@ class Selector {
   float p_of(int32_t source, int32_t depth, int32_t match, float raw) const {
     return cal_ != nullptr ? cal_->apply(source, depth, match, raw) : raw;
   }
-  bool good(double f) const { return f > 0.0 && f >= params_.min_f; }
+  // f > 0 and f >= min_f, as one comparison (a NaN fails it).
+  bool good(double f) const { return f >= min_good_; }
   // A retrieval child whose match is long enough to trust its source over the rows (trust_match).
   bool trusts(int32_t c) const {
     return params_.trust_match > 0 && t_.source[c] >= 0 && t_.source[c] < kNumTrieSources &&
@@ -201,11 +219,16 @@ class Selector {
   }
   void remove_top() { heap::heap_replace_top<Order>(s_.heap, nullptr); }
 
+  Opened& opened(int32_t v) { return s_.opened[static_cast<size_t>(s_.slot[static_cast<size_t>(v)])]; }
+  // Puts o's best child not taken yet on the frontier.
+  void push_kid(Opened& o) {
+    if (o.kid_next < o.kid_end) push(s_.kids[static_cast<size_t>(o.kid_next++)]);
+  }
+
   // Node v's entry in s_.opened, its row looked up when `read` (else none).
   Opened& make_opened(int32_t v, bool read) {
-    s_.slot[static_cast<size_t>(v)] = static_cast<int32_t>(s_.opened.size());
-    s_.opened.resize(s_.opened.size() + 1);  // in place (a pushed temporary is copied through the stack)
-    Opened& o = s_.opened.back();
+    s_.slot[static_cast<size_t>(v)] = num_opened_;
+    Opened& o = s_.opened[static_cast<size_t>(num_opened_++)];
     o.row = nullptr;
     o.count = 0;
     o.pair = false;
@@ -235,7 +258,7 @@ class Selector {
     // The sum in child-list order (decreasing index), as fuse_finish rounds it.
     float sum = 0.0f;
     for (int32_t c = t_.first_child[v]; c >= 0; c = t_.next_sibling[c]) {
-      const uint64_t in = o.count > 0 ? rank_mask(o.row, o.count, t_.tokens[c]) : 0;
+      const uint64_t in = o.count > 0 ? rank_mask(o.row, o.count, table_.k(), t_.tokens[c]) : 0;
       o.taken |= in;
       if (in != 0 && rescorable(c)) {
         const int32_t match = recycled_match(__builtin_ctzll(in), o.pair);
@@ -247,11 +270,22 @@ class Selector {
       }
       sum += t_.p[c];
     }
+    // The children's keys, best first, in s_.kids: only the best child not taken yet is on the frontier
+    // (taking it puts the next there), which orders the selection as pushing them all would, with fewer
+    // and cheaper heap operations. Insertion sort: a node has a few children.
+    Key* kids = s_.kids.data();
+    const int32_t begin = num_kids_;
     for (int32_t c = t_.first_child[v]; c >= 0; c = t_.next_sibling[c]) {
       if (sum > 1.0f) t_.p[c] /= sum;
       t_.f[c] = t_.f[v] * static_cast<double>(t_.p[c]);
-      push(item_key(t_.f[c], node_code(c)));
+      const Key key = item_key(t_.f[c], node_code(c));
+      int32_t i = num_kids_++;
+      for (; i > begin && kids[i - 1] < key; --i) kids[i] = kids[i - 1];
+      kids[i] = key;
     }
+    o.kid_next = begin;
+    o.kid_end = num_kids_;
+    push_kid(o);
     if (candidates) {
       o.room = std::max(0.0f, 1.0f - std::min(sum, 1.0f));
       push_next(v, 0);
@@ -265,18 +299,18 @@ class Selector {
   // Pushes v's first candidate from rank j on whose token is not a child of v yet, when its f is good.
   // Ranks come one at a time: the next is pushed when this one is taken.
   void push_next(int32_t v, int32_t j) {
-    const Opened& o = s_.opened[static_cast<size_t>(s_.slot[static_cast<size_t>(v)])];
+    Opened& o = opened(v);
     while (j < o.count && (o.taken >> j & 1u) != 0) ++j;
     if (j >= o.count) return;
-    const double f = t_.f[v] * static_cast<double>(candidate_p(o, t_.depth[v] + 1, j));
+    o.pending_p = candidate_p(o, t_.depth[v] + 1, j);
+    const double f = t_.f[v] * static_cast<double>(o.pending_p);
     if (good(f)) push(item_key(f, candidate_code(v, j)));
   }
 
   // Creates the node of u's rank-j candidate (f: its key's) and pushes u's next candidate.
   int32_t take(int32_t u, int32_t j, double f) {
-    Opened& o = s_.opened[static_cast<size_t>(s_.slot[static_cast<size_t>(u)])];
-    const int32_t d = t_.depth[u] + 1;
-    const float p = candidate_p(o, d, j);
+    Opened& o = opened(u);
+    const float p = o.pending_p;  // the candidate is u's one on the frontier
     const RecycledCandidate c = o.row[j];
     const int32_t match = recycled_match(j, o.pair);
     o.room = std::max(0.0f, o.room - p);
@@ -299,6 +333,11 @@ class Selector {
   std::vector<int32_t>& seq_;
   RecycleScratch& s_;
   bool top_free_ = false;
+  int32_t num_opened_ = 0;  // entries of s_.opened in use
+  // The least good f: min_f, or the least positive double when min_f <= 0 (a NaN min_f stays: none is).
+  const double min_good_ = params_.min_f > 0.0 || std::isnan(params_.min_f) ? params_.min_f
+                                                                           : std::numeric_limits<double>::denorm_min();
+  int32_t num_kids_ = 0;    // of s_.kids
 };
 }  // namespace
 

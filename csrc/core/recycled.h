@@ -92,10 +92,13 @@ class RecycledTable {
   }
   // Multiplicative hashing: the top bits of key * 2^64 / phi (one slot: shift 64, which C++ leaves undefined).
   uint64_t pair_slot(uint64_t key) const { return pair_shift_ >= 64 ? 0 : (key * 0x9E3779B97F4A7C15ull) >> pair_shift_; }
-  // A row's candidates come first, then ids -1.
-  int32_t count(const RecycledCandidate* row) const {
+  // A row's candidates come first, then ids -1: its count is the number of ids >= 0, counted without a
+  // branch (an early exit on the first -1 mispredicts as often as counts vary).
+  int32_t count(const RecycledCandidate* row) const { return k_ == 8 ? count_of<8>(row) : count_of<0>(row); }
+  template <int32_t K>  // K > 0: k_ == K, a fixed trip count the compiler unrolls (8: the default k)
+  int32_t count_of(const RecycledCandidate* row) const {
     int32_t c = 0;
-    while (c < k_ && row[c].id >= 0) ++c;
+    for (int32_t j = 0; j < (K > 0 ? K : k_); ++j) c += static_cast<int32_t>(row[j].id >= 0);
     return c;
   }
   // Writes the distinct ids of ids[0 .. w) (and their probs) to out, the rest of its k entries empty.
@@ -126,18 +129,22 @@ struct RecycleParams {
 // Reusable buffers of select_recycled (one per thread): nothing is allocated once they are warm, and
 // nothing proportional to the whole tree is cleared per call.
 struct RecycleScratch {
-  // A node the selection has taken and opened (its children pushed): its row, looked up once.
+  // A node the selection has taken and opened (its children on their way to the frontier): its row,
+  // looked up once.
   struct Opened {
     const RecycledCandidate* row;
     int32_t count;   // candidates in the row (0: none, or the row was not needed)
     bool pair;       // a (previous token, token) pair's row
     float room;      // the p mass left to the node's recycled children
     uint64_t taken;  // bit j: the node has the rank-j candidate's token as a child
+    float pending_p;  // the p of the node's candidate on the frontier (a node has one there at most)
+    int32_t kid_next, kid_end;  // its children's keys not on the frontier yet: kids[kid_next .. kid_end)
   };
   using Key = unsigned __int128;  // a heap item (a tree node or a recycled candidate) as one integer
   std::vector<Key> heap;          // max-heap of the frontier
   std::vector<int32_t> slot;      // [tree nodes] index in `opened` (written when a node is opened)
-  std::vector<Opened> opened;     // [opened nodes]
+  std::vector<Opened> opened;     // [opened nodes] (its first entries)
+  std::vector<Key> kids;          // the opened nodes' children's keys, each node's best first
   std::vector<int32_t> width;     // [max_depth + 2] nodes selected at each depth
   std::vector<float> bound;       // [max_depth + 1] largest calibrated p of a candidate at each depth
   uint64_t bound_version = 0;     // of the calibration `bound` was computed from (0: none, p = raw)
@@ -157,7 +164,8 @@ struct RecycleScratch {
 //    becomes a kRescoredSource node (raw = the retrieval p). A child absent from the row keeps its
 //    retrieval score (the absent group would map every source and match length to one average).
 // 2. The children's p are normalized as fuse_finish does (scaled to sum 1 when their sum exceeds it), f(c) =
-//    f(node) * p(c), and they join the frontier.
+//    f(node) * p(c), and they join the frontier, best first: only a node's best child not taken yet is on
+//    it (taking that child puts the next there), which selects as having them all there would.
 // 3. Recycled candidates: the row's first candidate whose token is not a child yet joins the frontier with
 //    p = min(cal(kRecycledSource, depth, recycled_match(rank, pair), its recorded probability), room),
 //    where room is the mass the node's children leave (1 - their p sum) less what its recycled children
