@@ -17,8 +17,9 @@ teacher-forced replay cannot feed (it knows the rows along the reference text on
 the nodes the engine tested (their parent accepted), as the drafter's ``observe`` receives them. The budget
 is --budget every step, or with --budget-mode adaptive the adaptive policy's (capped at --budget): then the
 observations are the nodes that policy buys (its small trees test only the best-scored ones), not all a
-fixed budget tests. The shipped rows: --recycled --engine --pairs 16 --new 96 (fixed, 64); rows fitted
-under the adaptive policy measured no better end to end (docs/drafter.md).
+fixed budget tests. The shipped rows: --recycled --engine --pairs 16 --new 96 (fixed, 64), with the
+rows older than each request in groups of their own (DrafterConfig.recycle_split_stale; --shared-stale:
+not); rows fitted under the adaptive policy measured no better end to end (docs/drafter.md).
 Prints the expected calibration error (ECE) of raw and calibrated scores on the held-out pairs.
 """
 
@@ -83,11 +84,15 @@ class _Recording(sssd.Drafter):
 
 
 def collect_engine(
-    ds, pairs, budget: int, table, model, tok, new: int, mode: str = "fixed"
+    ds, pairs, budget: int, table, model, tok, new: int, mode: str = "fixed", split_stale: bool = True
 ) -> dict[str, np.ndarray]:
     """Tested nodes of the engine generating ``new`` tokens for each pair's prompt (see the docstring)."""
     cfg = sssd.DrafterConfig(
-        calibration=table, online_calibration=False, use_recycled=True, recycle_rows="all"
+        calibration=table,
+        online_calibration=False,
+        use_recycled=True,
+        recycle_rows="all",
+        recycle_split_stale=split_stale,
     )
     drafter = _Recording(ds, cfg)
     engine = sssd.Engine(
@@ -141,6 +146,12 @@ def main() -> None:
         choices=("fixed", "adaptive"),
         default="fixed",
         help="(--engine) the engine's budget: --budget every step, or the adaptive policy capped at --budget",
+    )
+    ap.add_argument(
+        "--shared-stale",
+        action="store_true",
+        help="(--engine) DrafterConfig(recycle_split_stale=False): rows older than the request in the groups "
+        "of the request's own (default: groups of their own, as the drafter drafts by default)",
     )
     args = ap.parse_args()
     pairs = load_pairs(PAIRS)
@@ -196,15 +207,21 @@ def fit_engine(args, ds, train, held_out, keep) -> None:
 
     torch.manual_seed(0)
     model, tok, _ = load_model(None, "float32")
-    first = collect_engine(ds, train, args.budget, keep, model, tok, args.new, args.budget_mode)
+    first = collect_engine(
+        ds, train, args.budget, keep, model, tok, args.new, args.budget_mode, not args.shared_stale
+    )
     table = fit_from(first, keep)
-    second = collect_engine(ds, train, args.budget, table, model, tok, args.new, args.budget_mode)
+    second = collect_engine(
+        ds, train, args.budget, table, model, tok, args.new, args.budget_mode, not args.shared_stale
+    )
     both = {k: np.concatenate([first[k], second[k]]) for k in first}
     table = fit_from(both, keep)
     table.save(args.out)
     print(f"fitted on {len(train)} prompts, {both['accepted'].size} observations -> {args.out}")
     for name, t in (("shipped", keep), ("refitted", table)):
-        test = collect_engine(ds, held_out, args.budget, t, model, tok, args.new, args.budget_mode)
+        test = collect_engine(
+            ds, held_out, args.budget, t, model, tok, args.new, args.budget_mode, not args.shared_stale
+        )
         cal = t.apply(test["source"], test["depth"], test["match_len"], test["raw"])
         print(f"held-out, {name} table ({len(held_out)} prompts, {test['accepted'].size} tested nodes):")
         print(f"  ECE calibrated {calibration_error(cal, test['accepted']):.4f}")

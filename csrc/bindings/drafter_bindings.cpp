@@ -71,6 +71,7 @@ sssd::DrafterParams drafter_params(const py::dict& d) {
   p.recycle_from_every_node = r.flag("recycle_from_every_node", p.recycle_from_every_node);
   p.recycle_pair_slots = r.i32("recycle_pair_slots", p.recycle_pair_slots);
   p.recycle_trust_match = r.i32("recycle_trust_match", p.recycle_trust_match);
+  p.recycle_split_stale = r.flag("recycle_split_stale", p.recycle_split_stale);
   p.index_max_n = r.i32("index_max_n", p.index_max_n);
   p.input = match_params(r, "input_");
   p.pool = match_params(r, "pool_");

@@ -93,6 +93,15 @@ py::dict select_tree(py::dict tree, py::handle tokens, py::handle ids, py::handl
                                                     : (prev != nullptr ? 1 << 16 : 0);
   if (opts.contains("root_prev")) rp.root_prev = int32_arg(opts["root_prev"], "root_prev", -1, 1 << 30);
   if (opts.contains("trust_match")) rp.trust_match = int32_arg(opts["trust_match"], "trust_match", 0, 1 << 30);
+  // Optional: stamps [n] int32 >= 0 (each row's; rows recorded one by one) and fresh_since (rows stamped
+  // before it are stale).
+  const int32_t* stamps = opts.contains("stamps") ? typed<int32_t>(opts["stamps"], "stamps", t.n) : nullptr;
+  if (opts.contains("fresh_since")) {
+    rp.fresh_since = static_cast<uint32_t>(int32_arg(opts["fresh_since"], "fresh_since", 0, 1 << 30));
+  }
+  for (int64_t i = 0; stamps != nullptr && i < t.n; ++i) {
+    if (stamps[i] < 0) throw py::value_error("stamps must be >= 0");
+  }
   for (int64_t i = 0; i < t.n; ++i) {
     if (t.tokens[i] < 0) throw py::value_error("tokens must be >= 0");
   }
@@ -100,7 +109,13 @@ py::dict select_tree(py::dict tree, py::handle tokens, py::handle ids, py::handl
     if (t.ids[i] < 0) throw py::value_error("top_ids must be >= 0");
   }
   sssd::RecycledTable table(std::min<int32_t>(t.width, sssd::kMaxRecycledK), 0, slots);
-  table.update(t.tokens, t.n, t.ids, t.probs, t.width, prev);
+  if (stamps == nullptr) {
+    table.update(t.tokens, t.n, t.ids, t.probs, t.width, prev);
+  }
+  for (int64_t i = 0; stamps != nullptr && i < t.n; ++i) {
+    table.update(t.tokens + i, 1, t.ids + i * t.width, t.probs + i * t.width, t.width,
+                 prev != nullptr ? prev + i : nullptr, static_cast<uint32_t>(stamps[i]));
+  }
   sssd::CandidateTree ct;
   ct.reset(tok[0], static_cast<int32_t>(n) + rp.cap);
   for (py::ssize_t i = 1; i < n; ++i) ct.new_child(par[i], tok[i]);

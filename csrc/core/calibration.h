@@ -25,7 +25,12 @@ constexpr int32_t kNumSources = 5;
 // (up to kPairRankBase ranks): with the default match bins, the two kinds of rows fall in groups of
 // their own (a pair's row is the model's prediction after a longer context: it is right more often).
 constexpr int32_t kPairRankBase = 8;
-inline int32_t recycled_match(int32_t rank, bool pair) {
+// A stale row's candidates (written before the request began: what the model predicted in other texts)
+// have this value whatever their rank: a group of their own with the default bins (they are right less
+// often than the rows of the request's own text).
+constexpr int32_t kStaleRowMatch = 2 * kPairRankBase + 1;
+inline int32_t recycled_match(int32_t rank, bool pair, bool stale = false) {
+  if (stale) return kStaleRowMatch;
   return pair ? kPairRankBase + 1 + std::min(rank, kPairRankBase - 1) : 1 + std::min(rank, kPairRankBase - 1);
 }
 

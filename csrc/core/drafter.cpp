@@ -79,6 +79,7 @@ void Drafter::add_request(int64_t rid, const int32_t* tokens, int64_t n) {
   Request r(params_.index_max_n);
   append(r, tokens, n);
   r.prompt_len = n;
+  r.recycle_since = recycle_calls_ + 1;
   requests_.emplace(rid, std::move(r));
 }
 
@@ -138,7 +139,7 @@ void Drafter::recycle(const int32_t* tokens, int64_t n, const int32_t* ids, cons
     }
   }
   std::lock_guard<std::mutex> lock(mutex_);
-  if (params_.use_recycled) recycled_.update(tokens, n, ids, probs, width, prev);
+  if (params_.use_recycled) recycled_.update(tokens, n, ids, probs, width, prev, ++recycle_calls_);
 }
 int64_t Drafter::recycled_rows() {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -185,7 +186,7 @@ void Drafter::draft_one(const Request& r, int32_t cap, Work& s, Draft& d) const 
   if (recycle) {  // normalization and selection in one pass, the candidates added as it reaches them
     const RecycleParams rp{params_.max_depth, params_.fusion.min_f, cap, params_.max_width,
                            params_.recycle_from_every_node, len >= 2 ? ctx[static_cast<size_t>(len - 2)] : -1,
-                           params_.recycle_trust_match};
+                           params_.recycle_trust_match, params_.recycle_split_stale ? r.recycle_since : 0u};
     select_recycled(recycled_, cal, rp, s.tree, s.seq, s.recycle);
   } else {
     fuse_finish(s.tree);

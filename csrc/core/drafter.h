@@ -39,6 +39,9 @@ struct DrafterParams {
   // Rows kept per (previous token, token) pair besides the per-token rows: a direct-mapped table of this
   // many slots (a power of two; 0: none).
   int32_t recycle_pair_slots = 1 << 16;
+  // Rows older than the request (recorded before it was added) calibrated in groups of their own
+  // (RecycleParams::fresh_since).
+  bool recycle_split_stale = true;
   int32_t index_max_n = 4;   // n-gram lengths indexed for the input source and the pool
   MatchParams input, pool;
   SearchParams search;
@@ -126,6 +129,7 @@ class Drafter {
     NgramIndex index;
     std::vector<int32_t> plain;  // the context when the input source is off
     int64_t prompt_len = 0;
+    uint32_t recycle_since = 0;  // the first recycle call after the request was added (its rows are fresh)
     // The datastore search of the last propose (its ranges speed up the next one). Mutable: propose
     // (under the mutex) drafts each request on exactly one thread.
     mutable SearchCache ds_cache;
@@ -178,6 +182,7 @@ class Drafter {
   std::vector<Work> work_;    // [threads]
   std::vector<Draft> drafts_;  // [batch]
   int64_t stamp_ = 0;
+  uint32_t recycle_calls_ = 0;  // recycle calls so far: the stamp of the rows the last one wrote
   std::mutex mutex_;
 };
 

@@ -25,6 +25,7 @@ RecycledTable::RecycledTable(int32_t k, uint64_t vocab, int32_t pair_slots)
     pair_shift_ = 64 - bits;
     pair_keys_.assign(static_cast<size_t>(pair_slots), ~uint64_t{0});
     pair_rows_.assign(static_cast<size_t>(pair_slots) * static_cast<size_t>(k), RecycledCandidate{-1, 0.0f});
+    pair_stamps_.assign(static_cast<size_t>(pair_slots), 0);
   }
 }
 
@@ -42,7 +43,7 @@ int32_t RecycledTable::keep_row(const int32_t* ids, const float* probs, int32_t 
 }
 
 void RecycledTable::update(const int32_t* tokens, int64_t n, const int32_t* ids, const float* probs, int32_t width,
-                           const int32_t* prev) {
+                           const int32_t* prev, uint32_t stamp) {
   const int32_t w = std::min(width, k_);
   if (w <= 0) return;
   const auto k = static_cast<uint64_t>(k_);
@@ -55,6 +56,7 @@ void RecycledTable::update(const int32_t* tokens, int64_t n, const int32_t* ids,
     // Doubling keeps growth amortized; never past the bound.
     rows = std::min<uint64_t>(max_rows_, std::max<uint64_t>(static_cast<uint64_t>(top) + 1, 2 * rows));
     rows_.resize(rows * k, RecycledCandidate{-1, 0.0f});
+    stamps_.resize(rows, 0);
     num_rows_ = rows;
   }
   for (int64_t i = 0; i < n; ++i) {
@@ -65,10 +67,12 @@ void RecycledTable::update(const int32_t* tokens, int64_t n, const int32_t* ids,
     const int32_t* in_ids = ids + i * width;
     const float* in_probs = probs + i * width;
     keep_row(in_ids, in_probs, w, out);
+    stamps_[row] = stamp;
     if (prev != nullptr && prev[i] >= 0 && !pair_keys_.empty()) {
       const uint64_t key = pair_key(prev[i], tokens[i]);
       const uint64_t slot = pair_slot(key);  // direct-mapped: a newer pair takes the slot
       pair_keys_[slot] = key;
+      pair_stamps_[slot] = stamp;
       keep_row(in_ids, in_probs, w, pair_rows_.data() + slot * k);
     }
   }
@@ -76,7 +80,9 @@ void RecycledTable::update(const int32_t* tokens, int64_t n, const int32_t* ids,
 
 void RecycledTable::clear() {
   Rows().swap(rows_);
+  std::vector<uint32_t>().swap(stamps_);
   num_rows_ = 0;
+  std::fill(pair_stamps_.begin(), pair_stamps_.end(), 0);
   std::fill(pair_keys_.begin(), pair_keys_.end(), ~uint64_t{0});
   std::fill(pair_rows_.begin(), pair_rows_.end(), RecycledCandidate{-1, 0.0f});
   recorded_ = 0;
@@ -232,12 +238,14 @@ class Selector {
     o.row = nullptr;
     o.count = 0;
     o.pair = false;
+    o.stale = false;
     o.room = 0.0f;
     o.taken = 0;
     if (read) {
       const int32_t c = table_.lookup_pair(prev_of(v), t_.tokens[v], &o.row);
       o.pair = c > 0;
       o.count = c > 0 ? c : table_.lookup(t_.tokens[v], &o.row);
+      o.stale = o.count > 0 && table_.stamp_of(o.row) < params_.fresh_since;
     }
     return o;
   }
@@ -261,7 +269,7 @@ class Selector {
       const uint64_t in = o.count > 0 ? rank_mask(o.row, o.count, table_.k(), t_.tokens[c]) : 0;
       o.taken |= in;
       if (in != 0 && rescorable(c)) {
-        const int32_t match = recycled_match(__builtin_ctzll(in), o.pair);
+        const int32_t match = recycled_match(__builtin_ctzll(in), o.pair, o.stale);
         t_.raw[c] = t_.p[c];
         t_.p[c] = p_of(kRescoredSource, d, match, t_.p[c]);
         t_.source[c] = static_cast<int8_t>(kRescoredSource);
@@ -294,7 +302,7 @@ class Selector {
 
   // The p of v's rank-j candidate: its calibrated p, at most the room v's children leave.
   float candidate_p(const Opened& o, int32_t depth, int32_t j) const {
-    return std::min(p_of(kRecycledSource, depth, recycled_match(j, o.pair), o.row[j].prob), o.room);
+    return std::min(p_of(kRecycledSource, depth, recycled_match(j, o.pair, o.stale), o.row[j].prob), o.room);
   }
   // Pushes v's first candidate from rank j on whose token is not a child of v yet, when its f is good.
   // Ranks come one at a time: the next is pushed when this one is taken.
@@ -312,7 +320,7 @@ class Selector {
     Opened& o = opened(u);
     const float p = o.pending_p;  // the candidate is u's one on the frontier
     const RecycledCandidate c = o.row[j];
-    const int32_t match = recycled_match(j, o.pair);
+    const int32_t match = recycled_match(j, o.pair, o.stale);
     o.room = std::max(0.0f, o.room - p);
     o.taken |= uint64_t{1} << j;
     push_next(u, j + 1);

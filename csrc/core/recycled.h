@@ -64,14 +64,21 @@ class RecycledTable {
   // The caller has checked the values (tokens and ids >= 0 and in the vocabulary, probs in [0, 1]).
   // prev (null: none): the token before each tokens[i] (< 0: unknown); a pair row keyed (prev, token)
   // is kept besides the token's row.
+  // stamp: the rows' stamp (stamp_of reads it back; the drafter numbers its recycle calls).
   void update(const int32_t* tokens, int64_t n, const int32_t* ids, const float* probs, int32_t width,
-              const int32_t* prev = nullptr);
+              const int32_t* prev = nullptr, uint32_t stamp = 0);
   // The candidates recorded after token t: their number (0: none), and *row points to them, best first.
   int32_t lookup(int32_t t, const RecycledCandidate** row) const {
     const auto r = static_cast<uint64_t>(t);
     if (t < 0 || r >= num_rows_) return 0;
     *row = rows_.data() + r * static_cast<uint64_t>(k_);
     return count(*row);
+  }
+  // The stamp of a row lookup or lookup_pair returned (row: its pointer).
+  uint32_t stamp_of(const RecycledCandidate* row) const {
+    const auto* base = rows_.data();
+    if (row >= base && row < base + rows_.size()) return stamps_[static_cast<size_t>(row - base) / static_cast<size_t>(k_)];
+    return pair_stamps_[static_cast<size_t>(row - pair_rows_.data()) / static_cast<size_t>(k_)];
   }
   // The candidates recorded after the pair (a, b) (a read just before b), as lookup.
   int32_t lookup_pair(int32_t a, int32_t b, const RecycledCandidate** row) const {
@@ -110,6 +117,8 @@ class RecycledTable {
   std::vector<uint64_t> pair_keys_;  // [slots] (a, b) of the row in the slot (~0: empty)
   Rows pair_rows_;                   // [slots * k]
   Rows rows_;                        // [rows * k] (id -1 in a row's first entry: never recorded)
+  std::vector<uint32_t> stamps_;     // [rows] the stamp of each row's last update
+  std::vector<uint32_t> pair_stamps_;  // [slots]
   uint64_t num_rows_ = 0;            // rows_.size() / k
   int64_t recorded_ = 0;             // rows with a record
 };
@@ -124,6 +133,9 @@ struct RecycleParams {
   // A node with a retrieval child continuing a match of at least this many tokens does not consult its
   // row: its children keep their retrieval p (none rescored) and it gets no candidates (0: off).
   int32_t trust_match = 0;
+  // Rows stamped before this are stale: their candidates and rescored children are calibrated in a
+  // group of their own (recycled_match(..., stale)); 0: every row counts as the request's own.
+  uint32_t fresh_since = 0;
 };
 
 // Reusable buffers of select_recycled (one per thread): nothing is allocated once they are warm, and
@@ -135,6 +147,7 @@ struct RecycleScratch {
     const RecycledCandidate* row;
     int32_t count;   // candidates in the row (0: none, or the row was not needed)
     bool pair;       // a (previous token, token) pair's row
+    bool stale;      // the row is older than the request (RecycleParams::fresh_since)
     float room;      // the p mass left to the node's recycled children
     uint64_t taken;  // bit j: the node has the rank-j candidate's token as a child
     float pending_p;  // the p of the node's candidate on the frontier (a node has one there at most)

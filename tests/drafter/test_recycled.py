@@ -23,10 +23,11 @@ def padded(table):
     }
 
 
-def native(tree, table, cal=None, pairs=None, **opts):
+def native(tree, table, cal=None, pairs=None, stale_keys=None, **opts):
     """The native selection in ``tree`` (lists) with ``table`` (token -> (ids, probs), padded) and
     ``pairs`` ((previous token, token) -> (ids, probs), padded to the same width): the pair rows are
-    recorded first, so the table's rows are the tokens' own."""
+    recorded first, so the table's rows are the tokens' own. stale_keys (tokens and pairs of the two):
+    their records are older than the request (stamp 1, the others 2, fresh_since 2)."""
     pairs = pairs or {}
     rows = list(padded({**{("pair", *key): r for key, r in pairs.items()}, **table}).items())
     rows = [((k[1], k[2]) if isinstance(k, tuple) else (-1, k), r) for k, r in rows]
@@ -47,18 +48,29 @@ def native(tree, table, cal=None, pairs=None, **opts):
     keys = np.asarray([key[1] for key, _ in rows], np.int32)
     if pairs:
         opts["prev"] = np.asarray([key[0] for key, _ in rows], np.int32)
+    if stale_keys is not None:
+        opts["stamps"] = np.asarray(
+            [1 if (key if key[0] >= 0 else key[1]) in stale_keys else 2 for key, _ in rows], np.int32
+        )
+        opts["fresh_since"] = 2
     out = _core.select_recycled(arrays, keys, ids, probs, {**OPTS, **opts}, cal)
     return {key: v.tolist() for key, v in out.items()}
 
 
-def held(table, pairs, slots=1 << 16):
-    """What a table holds after ``native`` recorded ``pairs`` then ``table``: (token rows, pair rows).
-    A pair's row is its token's too unless the table has one; pairs sharing a slot: the later stays."""
-    rows, slot = dict(table), {}
+def held(table, pairs, slots=1 << 16, stale_keys=()):
+    """What a table holds after ``native`` recorded ``pairs`` then ``table``: (token rows, pair rows,
+    stale tokens, stale pairs). A pair's row is its token's too unless the table has one; pairs sharing a
+    slot: the later stays; a row is stale when the record it holds is (stale_keys)."""
+    rows, slot, stale = dict(table), {}, {t for t in table if t in stale_keys}
     for (a, b), r in pairs.items():
-        rows.setdefault(b, r) if b in table else rows.__setitem__(b, r)
+        if b not in table:
+            rows[b] = r
+            stale.discard(b)
+            if (a, b) in stale_keys:
+                stale.add(b)
         slot[ref.pair_slot(a, b, slots)] = (a, b)
-    return rows, {key: pairs[key] for key in slot.values()}
+    kept = {key: pairs[key] for key in slot.values()}
+    return rows, kept, stale, {key for key in kept if key in stale_keys}
 
 
 def tree_of(*nodes):
@@ -308,7 +320,9 @@ def cases(draw):
         "from_every_node": draw(st.booleans()),
         "trust_match": draw(st.sampled_from([0, 0, 8, 9, 30])),
     }
-    return tree, table, pairs, opts
+    keys = sorted(table) + sorted(pairs)
+    stale_keys = draw(st.none() | st.sets(st.sampled_from(keys)) if keys else st.none())
+    return tree, table, pairs, opts, stale_keys
 
 
 def random_table(seed):
@@ -341,11 +355,11 @@ def oracle(tree, table, cal, pairs=None, **opts):
 
 @given(cases(), st.sampled_from([None, 0, 1]))
 def test_matches_the_oracle(case, seed):
-    tree, table, pairs, opts = case
+    tree, table, pairs, opts, stale_keys = case
     cal = None if seed is None else random_table(seed).native()
-    got = native(tree, table, cal, pairs, **opts)
-    table, pairs = held(table, pairs)
-    want = oracle(tree, table, cal, pairs, **opts)
+    got = native(tree, table, cal, pairs, stale_keys, **opts)
+    table, pairs, stale, stale_pairs = held(table, pairs, stale_keys=stale_keys or ())
+    want = oracle(tree, table, cal, pairs, stale=stale, stale_pairs=stale_pairs, **opts)
     for key, v in got.items():
         assert v == pytest.approx(want[key], rel=0, abs=0), key
 
@@ -373,8 +387,9 @@ def test_matches_the_oracle_on_large_trees(seed):
     opts = {"cap": int(rng.choice([1, 8, 16, 40, 64])), "min_f": float(rng.choice([0.0, 1e-4]))}
     opts["trust_match"] = int(rng.choice([0, 4, 9]))
     cal = None if seed % 3 == 0 else random_table(seed).native()
-    got = native(tree, table, cal, **opts)
-    want = oracle(tree, table, cal, **opts)
+    stale = {int(t) for t in rng.choice(vocab, size=vocab // 2, replace=False)} if seed % 2 else None
+    got = native(tree, table, cal, None, stale, **opts)
+    want = oracle(tree, table, cal, stale=stale or (), **opts)
     for key, v in got.items():
         assert v == pytest.approx(want[key], rel=0, abs=0), key
 
@@ -449,6 +464,29 @@ def test_drafter_drafts_and_learns_from_recycled_candidates():
     assert b.match_len.tolist() == [0, 1, 1, 2]  # 1 + rank
     d.extend(0, np.asarray([7, 4], np.int32))
     assert d.observe([0], b, on_path_mask(b, paths=[[0, 1]])) == 1  # recycled nodes are trials like any other
+
+
+def test_rows_older_than_the_request_are_calibrated_apart():
+    # recycle_split_stale: a row recorded before the request was added (another text's) has its
+    # candidates in the stale group (match feature STALE_ROW_MATCH), a row recorded since by rank
+    import sssd
+
+    top = (np.asarray([[7, 8]], np.int32), np.asarray([[0.75, 0.25]], np.float32))
+    for split in (False, True):
+        cfg = sssd.DrafterConfig(
+            use_recycled=True, use_input=False, use_pool=False, calibration=None, recycle_split_stale=split
+        )
+        d = sssd.Drafter(None, cfg)
+        d.recycle(np.asarray([5], np.int32), *top)  # before the request: stale
+        d.add_request(0, np.asarray([1, 2, 5], np.int32))
+        b = d.propose([0], budget=2)
+        assert b.tokens.tolist() == [5, 7, 8]
+        assert b.match_len.tolist() == ([0, ref.STALE_ROW_MATCH, ref.STALE_ROW_MATCH] if split else [0, 1, 2])
+        d.recycle(np.asarray([5], np.int32), *top)  # the same row again, since the request began: fresh
+        assert d.propose([0], budget=2).match_len.tolist() == [0, 1, 2]
+        d.add_request(1, np.asarray([3, 5], np.int32))  # a later request: the row is older than it
+        b = d.propose([1], budget=2)
+        assert b.match_len.tolist() == ([0, ref.STALE_ROW_MATCH, ref.STALE_ROW_MATCH] if split else [0, 1, 2])
 
 
 def test_drafter_without_the_source_ignores_top_k():

@@ -7,17 +7,20 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 import numpy as np
 
 RECYCLED, RESCORED, ABSENT_RANK = 3, 4, 63  # source ids and the rank of an absent candidate (calibration.h)
 RESCORE_MAX_MATCH = 9  # retrieval nodes with a match this long keep their scores (recycled.h)
 PAIR_RANK_BASE = 8
+STALE_ROW_MATCH = 2 * PAIR_RANK_BASE + 1  # a stale row's candidates, whatever their rank
 
 
-def recycled_match(rank: int, pair: bool) -> int:
+def recycled_match(rank: int, pair: bool, stale: bool = False) -> int:
     """The match-length feature of a recycled candidate of rank ``rank`` (calibration.h)."""
+    if stale:
+        return STALE_ROW_MATCH
     return (PAIR_RANK_BASE + 1 if pair else 1) + min(rank, PAIR_RANK_BASE - 1)
 
 
@@ -129,6 +132,8 @@ def select_recycled(
     pairs: dict | None = None,
     root_prev: int = -1,
     trust_match: int = 0,
+    stale: Collection[int] = (),
+    stale_pairs: Collection[tuple[int, int]] = (),
 ) -> dict:
     """Best-first selection in a merged tree with the recycled candidates added as it reaches them
     (csrc/core/recycled.h): taking a node rescores its children found in its row, normalizes their p
@@ -140,7 +145,9 @@ def select_recycled(
     (ids, probs), the pair rows the table holds, preferred to the token's row; root_prev: the token before
     the root (-1: none); cal_p(source, depth, match, raw) -> p (None: p = raw); match_edges: the
     calibration's match-length bins (for the bound on a candidate's p); trust_match > 0: a node with a
-    retrieval child of at least that match length neither rescores its children nor gets candidates.
+    retrieval child of at least that match length neither rescores its children nor gets candidates;
+    stale / stale_pairs: the tokens / pairs whose rows are older than the request (their candidates and
+    rescored children have the match feature STALE_ROW_MATCH).
     Returns the tree's lists, with ``depth``, ``raw``, ``match_len``, ``source_mask`` and ``seq`` (the
     selected nodes) added."""
 
@@ -175,11 +182,11 @@ def select_recycled(
     def cal(source: int, depth: int, match: int, raw: float) -> float:
         return f32(raw if cal_p is None else cal_p(source, depth, match, raw))
 
-    def row_of(v: int) -> tuple[list, list, bool]:  # the pair's row when there is one, else the token's
-        a = root_prev if v == 0 else t["tokens"][t["parents"][v]]
-        if a >= 0 and (a, t["tokens"][v]) in pairs:
-            return (*pairs[(a, t["tokens"][v])], True)
-        return (*table.get(t["tokens"][v], ((), ())), False)
+    def row_of(v: int) -> tuple[list, list, bool, bool]:  # the pair's row if any, else the token's; stale
+        a, b = root_prev if v == 0 else t["tokens"][t["parents"][v]], t["tokens"][v]
+        if a >= 0 and (a, b) in pairs:
+            return (*pairs[(a, b)], True, (a, b) in stale_pairs)
+        return (*table.get(b, ((), ())), False, b in stale)
 
     bound = [1.0] + [
         1.0 if cal_p is None else max(cal(RECYCLED, d, max(m, 1), 1.0) for m in match_edges)
@@ -192,7 +199,9 @@ def select_recycled(
         return f > 0 and f >= min_f
 
     def candidate_p(o: dict, d: int, j: int) -> float:
-        return min(cal(RECYCLED, d, recycled_match(j, o["pair"]), float(o["probs"][j])), o["room"])
+        return min(
+            cal(RECYCLED, d, recycled_match(j, o["pair"], o["stale"]), float(o["probs"][j])), o["room"]
+        )
 
     def push_next(v: int, j: int) -> None:  # the first candidate from rank j whose token is not a child
         o = opened[v]
@@ -211,9 +220,16 @@ def select_recycled(
         trusted = trust_match > 0 and any(
             0 <= t["source"][c] < RECYCLED and t["match_len"][c] >= trust_match for c in children[v]
         )
-        ids, probs, pair = ((), (), False) if trusted else row_of(v)
+        ids, probs, pair, old = ((), (), False, False) if trusted else row_of(v)
         wants = wants and not trusted
-        o = {"ids": ids, "probs": probs, "pair": pair, "room": 0.0, "taken": set()}
+        o = {
+            "ids": ids,
+            "probs": probs,
+            "pair": pair,
+            "stale": old and len(ids) > 0,
+            "room": 0.0,
+            "taken": set(),
+        }
         opened[v] = o
         total = np.float32(0.0)
         for c in children[v]:
@@ -222,7 +238,7 @@ def select_recycled(
                 rank = list(ids).index(tok)
                 o["taken"].add(rank)
                 if 0 <= t["source"][c] < RECYCLED and t["match_len"][c] < RESCORE_MAX_MATCH:
-                    match = recycled_match(rank, pair)
+                    match = recycled_match(rank, pair, o["stale"])
                     t["raw"][c] = t["p"][c]
                     t["p"][c] = cal(RESCORED, d, match, t["p"][c])
                     t["source"][c], t["match_len"][c] = RESCORED, match
@@ -255,8 +271,9 @@ def select_recycled(
             v = len(t["tokens"])
             children.append([])
             children[u].insert(0, v)
+            match = recycled_match(j, o["pair"], o["stale"])
             for key, val in (("tokens", int(o["ids"][j])), ("parents", u), ("depth", d), ("source", RECYCLED),
-                             ("raw", float(o["probs"][j])), ("match_len", recycled_match(j, o["pair"])),
+                             ("raw", float(o["probs"][j])), ("match_len", match),
                              ("p", p), ("source_mask", 1 << RECYCLED), ("f", -neg_f)):  # fmt: skip
                 t[key].append(val)
         t["seq"].append(v)

@@ -55,6 +55,11 @@ class DrafterConfig:
     # children keep their retrieval p and it gets no candidates (a long match outranks the rows; 0: off;
     # 9 = the match length from which a node is never rescored itself, kRescoreMaxMatch)
     recycle_trust_match: int = 9
+    # rows recorded before the request was added (the model's predictions in other texts) are calibrated
+    # in groups of their own (match feature 17 whatever the rank): they are right far less often than the
+    # rows of the request's own text, which a shared group averaged over (the shipped table is fitted
+    # with this on)
+    recycle_split_stale: bool = True
     max_depth: int = 16  # deepest draft node (also the continuation length read per occurrence)
     max_width: int = 0  # most nodes at one depth of a tree (0: no limit)
     max_tree_nodes: int = 127  # most non-root nodes of one tree (127: trees fit 128-bit ancestor masks)
