@@ -242,10 +242,12 @@ class Selector {
     o.room = 0.0f;
     o.taken = 0;
     if (read) {
-      const int32_t c = table_.lookup_pair(prev_of(v), t_.tokens[v], &o.row);
+      uint32_t stamp = 0;
+      uint32_t* want = params_.fresh_since > 0 ? &stamp : nullptr;
+      const int32_t c = table_.lookup_pair(prev_of(v), t_.tokens[v], &o.row, want);
       o.pair = c > 0;
-      o.count = c > 0 ? c : table_.lookup(t_.tokens[v], &o.row);
-      o.stale = o.count > 0 && table_.stamp_of(o.row) < params_.fresh_since;
+      o.count = c > 0 ? c : table_.lookup(t_.tokens[v], &o.row, want);
+      o.stale = o.count > 0 && stamp < params_.fresh_since;
     }
     return o;
   }

@@ -64,29 +64,26 @@ class RecycledTable {
   // The caller has checked the values (tokens and ids >= 0 and in the vocabulary, probs in [0, 1]).
   // prev (null: none): the token before each tokens[i] (< 0: unknown); a pair row keyed (prev, token)
   // is kept besides the token's row.
-  // stamp: the rows' stamp (stamp_of reads it back; the drafter numbers its recycle calls).
+  // stamp: the rows' stamp (the lookups return it; the drafter numbers its recycle calls).
   void update(const int32_t* tokens, int64_t n, const int32_t* ids, const float* probs, int32_t width,
               const int32_t* prev = nullptr, uint32_t stamp = 0);
-  // The candidates recorded after token t: their number (0: none), and *row points to them, best first.
-  int32_t lookup(int32_t t, const RecycledCandidate** row) const {
+  // The candidates recorded after token t: their number (0: none), and *row points to them, best first;
+  // *stamp (when asked for) the row's stamp.
+  int32_t lookup(int32_t t, const RecycledCandidate** row, uint32_t* stamp = nullptr) const {
     const auto r = static_cast<uint64_t>(t);
     if (t < 0 || r >= num_rows_) return 0;
     *row = rows_.data() + r * static_cast<uint64_t>(k_);
+    if (stamp != nullptr) *stamp = stamps_[r];
     return count(*row);
   }
-  // The stamp of a row lookup or lookup_pair returned (row: its pointer).
-  uint32_t stamp_of(const RecycledCandidate* row) const {
-    const auto* base = rows_.data();
-    if (row >= base && row < base + rows_.size()) return stamps_[static_cast<size_t>(row - base) / static_cast<size_t>(k_)];
-    return pair_stamps_[static_cast<size_t>(row - pair_rows_.data()) / static_cast<size_t>(k_)];
-  }
   // The candidates recorded after the pair (a, b) (a read just before b), as lookup.
-  int32_t lookup_pair(int32_t a, int32_t b, const RecycledCandidate** row) const {
+  int32_t lookup_pair(int32_t a, int32_t b, const RecycledCandidate** row, uint32_t* stamp = nullptr) const {
     if (pair_keys_.empty() || a < 0 || b < 0) return 0;
     const uint64_t key = pair_key(a, b);
     const uint64_t slot = pair_slot(key);
     if (pair_keys_[slot] != key) return 0;
     *row = pair_rows_.data() + slot * static_cast<uint64_t>(k_);
+    if (stamp != nullptr) *stamp = pair_stamps_[slot];
     return count(*row);
   }
   int64_t rows_recorded() const { return recorded_; }

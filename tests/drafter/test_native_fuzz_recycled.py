@@ -42,6 +42,11 @@ def test_select_recycled(tree, rows, data):
         opts["prev"] = data.draw(st.one_of(st.just(fit), arrays(), JUNK))
         opts["root_prev"] = data.draw(st.one_of(ints(-2, 70), JUNK))
         opts["pair_slots"] = data.draw(st.sampled_from([0, 1, 3, 1 << 10, -1, 1 << 25]))
+    if data.draw(st.booleans()):  # each row's stamp and the request's first (older rows are stale)
+        n_rows = len(rows[0]) if isinstance(rows[0], np.ndarray) and rows[0].ndim == 1 else 0
+        fit = np.asarray(data.draw(st.lists(st.integers(-1, 5), min_size=n_rows, max_size=n_rows)), np.int32)
+        opts["stamps"] = data.draw(st.one_of(st.just(fit), arrays(), JUNK))
+        opts["fresh_since"] = data.draw(st.one_of(ints(-1, 6), JUNK))
     cal = data.draw(st.sampled_from([None, _core.Calibration([1, 2], [1, 3], 3), "junk"]))
     out = call(_core.select_recycled, arrays_in, *rows, opts, cal)
     if out is None:
