@@ -182,7 +182,10 @@ class Drafter {
   std::vector<Work> work_;    // [threads]
   std::vector<Draft> drafts_;  // [batch]
   int64_t stamp_ = 0;
-  uint32_t recycle_calls_ = 0;  // recycle calls so far: the stamp of the rows the last one wrote
+  // Recycle calls so far: the stamp of the rows the last one wrote. Past 2^32 calls it wraps, and rows
+  // count as stale or fresh wrongly until the requests then running end (a calibration group, never the
+  // output).
+  uint32_t recycle_calls_ = 0;
   std::mutex mutex_;
 };
 
