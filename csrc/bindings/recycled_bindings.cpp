@@ -111,10 +111,11 @@ py::dict select_tree(py::dict tree, py::handle tokens, py::handle ids, py::handl
   sssd::RecycledTable table(std::min<int32_t>(t.width, sssd::kMaxRecycledK), 0, slots);
   if (stamps == nullptr) {
     table.update(t.tokens, t.n, t.ids, t.probs, t.width, prev);
-  }
-  for (int64_t i = 0; stamps != nullptr && i < t.n; ++i) {
-    table.update(t.tokens + i, 1, t.ids + i * t.width, t.probs + i * t.width, t.width,
-                 prev != nullptr ? prev + i : nullptr, static_cast<uint32_t>(stamps[i]));
+  } else {  // one row at a time, each with its stamp
+    for (int64_t i = 0; i < t.n; ++i) {
+      table.update(t.tokens + i, 1, t.ids + i * t.width, t.probs + i * t.width, t.width,
+                   prev != nullptr ? prev + i : nullptr, static_cast<uint32_t>(stamps[i]));
+    }
   }
   sssd::CandidateTree ct;
   ct.reset(tok[0], static_cast<int32_t>(n) + rp.cap);

@@ -344,10 +344,10 @@ class Selector {
   RecycleScratch& s_;
   bool top_free_ = false;
   int32_t num_opened_ = 0;  // entries of s_.opened in use
+  int32_t num_kids_ = 0;    // of s_.kids
   // The least good f: min_f, or the least positive double when min_f <= 0 (a NaN min_f stays: none is).
   const double min_good_ = params_.min_f > 0.0 || std::isnan(params_.min_f) ? params_.min_f
                                                                            : std::numeric_limits<double>::denorm_min();
-  int32_t num_kids_ = 0;    // of s_.kids
 };
 }  // namespace
 
