@@ -66,7 +66,11 @@ class Calibration {
     return (source * num_depth() + d) * num_match() + m;
   }
   float apply(int32_t source, int32_t depth, int32_t match_len, float raw) const {
-    const float* v = values_.data() + static_cast<size_t>(group(source, depth, match_len)) * num_knots_;
+    return apply_group(group(source, depth, match_len), raw);
+  }
+  // apply of a group found before (group(...)).
+  float apply_group(int32_t g, float raw) const {
+    const float* v = values_.data() + static_cast<size_t>(g) * num_knots_;
     // max(0, raw) (in this order) sends NaN to 0: a NaN knot index would be UB. Still branchless.
     const float t = std::min(std::max(0.0f, raw), 1.0f) * static_cast<float>(num_knots_ - 1);
     const int32_t k = std::min(static_cast<int32_t>(t), num_knots_ - 2);

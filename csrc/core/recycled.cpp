@@ -138,8 +138,13 @@ inline uint64_t rank_mask_of(const RecycledCandidate* row, int32_t count, int32_
 // The whole row when it is 8 long (the default k; a fixed trip count the compiler unrolls): its entries
 // past count are ids -1, which no token matches.
 inline uint64_t rank_mask(const RecycledCandidate* row, int32_t count, int32_t k, int32_t token) {
+#if defined(__SSE2__)
+  if (k == 8) return RowIds8(row).equal(token);
+#endif
   return k == 8 ? rank_mask_of<8>(row, count, token) : rank_mask_of<0>(row, count, token);
 }
+
+constexpr int32_t kMatches = kStaleRowMatch + 1;  // recycled_match's values are below this
 
 // One selection: the tree, the table, the frontier heap.
 class Selector {
@@ -152,6 +157,15 @@ class Selector {
     const uint64_t version = cal != nullptr ? cal->version() : 0;
     if (s.bound_version != version || s.bound_depth != params.max_depth) {
       depth_bounds(cal, params.max_depth, s.bound);
+      s.groups.assign(static_cast<size_t>(2 * (params.max_depth + 1) * kMatches), 0);
+      for (int32_t src = 0; cal != nullptr && src < 2; ++src) {
+        for (int32_t d = 0; d <= params.max_depth; ++d) {
+          for (int32_t m = 0; m < kMatches; ++m) {
+            s.groups[static_cast<size_t>((src * (params.max_depth + 1) + d) * kMatches + m)] =
+                cal->group(kRecycledSource + src, d, m);
+          }
+        }
+      }
       s.bound_version = version;
       s.bound_depth = params.max_depth;
     }
@@ -172,11 +186,20 @@ class Selector {
   void run() {
     open(0);
     const auto cap = static_cast<size_t>(params_.cap);
-    while (!s_.heap.empty() && seq_.size() < cap) {
-      // The top stays in place while it is taken: the first item pushed after replaces it (one sift
-      // down instead of a removal and an insertion), else it is removed at the end.
-      const Key key = s_.heap[0];
-      top_free_ = true;
+    while (seq_.size() < cap) {
+      // The frontier's first item: the hand's or the heap's top. A top taken stays in place while it
+      // is taken: the first item pushed after replaces it (one sift down instead of a removal and an
+      // insertion), else it is removed at the end.
+      Key key;
+      if (hand_ != 0 && (s_.heap.empty() || hand_ > s_.heap[0])) {
+        key = hand_;
+        hand_ = 0;
+      } else if (!s_.heap.empty()) {
+        key = s_.heap[0];
+        top_free_ = true;
+      } else {
+        break;
+      }
       const uint64_t code = ~static_cast<uint64_t>(key);
       int32_t v = static_cast<int32_t>(code >> 32);
       int32_t& w = s_.width[static_cast<size_t>(t_.depth[v] + ((code & kCandidate) != 0))];
@@ -185,19 +208,28 @@ class Selector {
         if ((code & kCandidate) != 0) {
           v = take(v, static_cast<int32_t>(code & (kCandidate - 1)), key_f(key));
         } else {
-          push_kid(opened(t_.parents[v]));  // v's next sibling
-        }  // (an item skipped for width leaves its siblings and its node's candidates off: same depth)
+          Opened& o = opened(t_.parents[v]);
+          --o.kid_end;  // v was its parent's best child left
+          push_best(o);
+        }  // (an item skipped for width leaves its node's other children and candidates off: same depth)
         seq_.push_back(v);
         if (seq_.size() < cap) open(v);  // the last node's children could not be taken
       }
-      if (top_free_) remove_top();
+      if (top_free_) {
+        top_free_ = false;
+        remove_top();
+      }
     }
   }
 
  private:
   int32_t prev_of(int32_t v) const { return v == 0 ? params_.root_prev : t_.tokens[t_.parents[v]]; }
+  // The calibrated p of a recycled (source kRecycledSource) or rescored (kRescoredSource) node at a depth
+  // in [1, max_depth] with a match feature from recycled_match.
   float p_of(int32_t source, int32_t depth, int32_t match, float raw) const {
-    return cal_ != nullptr ? cal_->apply(source, depth, match, raw) : raw;
+    if (cal_ == nullptr) return raw;
+    const int32_t g = ((source - kRecycledSource) * (params_.max_depth + 1) + depth) * kMatches + match;
+    return cal_->apply_group(s_.groups[static_cast<size_t>(g)], raw);
   }
   // f > 0 and f >= min_f, as one comparison (a NaN fails it).
   bool good(double f) const { return f >= min_good_; }
@@ -215,7 +247,12 @@ class Selector {
     using Item = Key;
     static bool first(Key a, Key b) { return a > b; }
   };
+  // The frontier is the heap and the hand (one item out of the heap, or 0): an item better than the
+  // hand's takes its place (the hand's goes to the heap), so an item taken right after it was pushed
+  // (a chain of nodes, each its parent's best) never enters the heap.
   void push(Key k) {
+    if (k > hand_) std::swap(k, hand_);
+    if (k == 0) return;
     if (top_free_) {
       top_free_ = false;
       heap::heap_replace_top<Order>(s_.heap, &k);
@@ -226,9 +263,25 @@ class Selector {
   void remove_top() { heap::heap_replace_top<Order>(s_.heap, nullptr); }
 
   Opened& opened(int32_t v) { return s_.opened[static_cast<size_t>(s_.slot[static_cast<size_t>(v)])]; }
-  // Puts o's best child not taken yet on the frontier.
-  void push_kid(Opened& o) {
-    if (o.kid_next < o.kid_end) push(s_.kids[static_cast<size_t>(o.kid_next++)]);
+  // Puts o's best item on the frontier: its best child not taken yet or its candidate, the first in the
+  // frontier's order (one item per node: the other waits for it to be taken).
+  void push_best(const Opened& o) {
+    const Key kid = o.kid_end > o.kid_next ? s_.kids[static_cast<size_t>(o.kid_end - 1)] : Key{0};
+    const Key best = std::max(kid, o.candidate);
+    if (best == 0) return;
+    prefetch_rows(best);
+    push(best);
+  }
+  // The rows the item's node will read when opened, asked for now (it may be taken soon).
+  void prefetch_rows(Key k) const {
+    const uint64_t code = ~static_cast<uint64_t>(k);
+    const auto v = static_cast<int32_t>(code >> 32);
+    if ((code & kCandidate) != 0) {
+      const Opened& o = s_.opened[static_cast<size_t>(s_.slot[static_cast<size_t>(v)])];
+      table_.prefetch(t_.tokens[v], o.row[code & (kCandidate - 1)].id);
+    } else {
+      table_.prefetch(t_.tokens[t_.parents[v]], t_.tokens[v]);
+    }
   }
 
   // Node v's entry in s_.opened, its row looked up when `read` (else none).
@@ -252,14 +305,29 @@ class Selector {
     return o;
   }
 
+  // Child c (at depth d) of the node o is, with in its rank mask in o's row (!= 0), scored again.
+  void rescore_child(int32_t c, int32_t d, const Opened& o, uint64_t in) {
+    const int32_t match = recycled_match(__builtin_ctzll(in), o.pair, o.stale);
+    t_.raw[c] = t_.p[c];
+    t_.p[c] = p_of(kRescoredSource, d, match, t_.p[c]);
+    t_.source[c] = static_cast<int8_t>(kRescoredSource);
+    t_.match_len[c] = match;
+    t_.source_mask[c] |= static_cast<uint8_t>(1u << kRecycledSource);
+  }
+
   // Rescoring, normalization and f of v's children (pushed), then v's first recycled candidate.
   void open(int32_t v) {
     const int32_t d = t_.depth[v] + 1;
     if (d > params_.max_depth) return;  // no child or candidate is eligible
     bool candidates = (params_.from_every_node || v == 0 || t_.source[v] == kRecycledSource) &&
                       good(t_.f[v] * static_cast<double>(s_.bound[static_cast<size_t>(d)]));
+    const int32_t first = t_.first_child[v];
+    if (first < 0 || t_.next_sibling[first] < 0) {  // most nodes: no list to walk, nothing to sort
+      open_leaf_or_chain(v, d, first, candidates);
+      return;
+    }
     bool rescore = false, trusted = false;
-    for (int32_t c = t_.first_child[v]; c >= 0; c = t_.next_sibling[c]) {
+    for (int32_t c = first; c >= 0; c = t_.next_sibling[c]) {
       rescore |= rescorable(c);
       trusted |= trusts(c);
     }
@@ -270,19 +338,14 @@ class Selector {
     for (int32_t c = t_.first_child[v]; c >= 0; c = t_.next_sibling[c]) {
       const uint64_t in = o.count > 0 ? rank_mask(o.row, o.count, table_.k(), t_.tokens[c]) : 0;
       o.taken |= in;
-      if (in != 0 && rescorable(c)) {
-        const int32_t match = recycled_match(__builtin_ctzll(in), o.pair, o.stale);
-        t_.raw[c] = t_.p[c];
-        t_.p[c] = p_of(kRescoredSource, d, match, t_.p[c]);
-        t_.source[c] = static_cast<int8_t>(kRescoredSource);
-        t_.match_len[c] = match;
-        t_.source_mask[c] |= static_cast<uint8_t>(1u << kRecycledSource);
-      }
+      if (in != 0 && rescorable(c)) rescore_child(c, d, o, in);
       sum += t_.p[c];
     }
-    // The children's keys, best first, in s_.kids: only the best child not taken yet is on the frontier
-    // (taking it puts the next there), which orders the selection as pushing them all would, with fewer
-    // and cheaper heap operations. Insertion sort: a node has a few children.
+    // The children's keys in s_.kids, best last: only the first of the best child not taken yet and the
+    // node's candidate is on the frontier (taking it puts the next there), which orders the selection as
+    // pushing them all would, with fewer and cheaper heap operations. Insertion sort: a node has a few
+    // children (best last: in the drafter's trees a child list, in decreasing index, arrives worse first
+    // more often than not, so fewer keys move).
     Key* kids = s_.kids.data();
     const int32_t begin = num_kids_;
     for (int32_t c = t_.first_child[v]; c >= 0; c = t_.next_sibling[c]) {
@@ -290,34 +353,64 @@ class Selector {
       t_.f[c] = t_.f[v] * static_cast<double>(t_.p[c]);
       const Key key = item_key(t_.f[c], node_code(c));
       int32_t i = num_kids_++;
-      for (; i > begin && kids[i - 1] < key; --i) kids[i] = kids[i - 1];
+      for (; i > begin && kids[i - 1] > key; --i) kids[i] = kids[i - 1];
       kids[i] = key;
     }
     o.kid_next = begin;
     o.kid_end = num_kids_;
-    push_kid(o);
+    o.candidate = 0;
     if (candidates) {
       o.room = std::max(0.0f, 1.0f - std::min(sum, 1.0f));
-      push_next(v, 0);
+      next_candidate(v, o, 0);
     }
+    push_best(o);
+  }
+
+  // open(v) when v has one child (c) or none (c < 0), as open does it without the walks and the sort.
+  void open_leaf_or_chain(int32_t v, int32_t d, int32_t c, bool candidates) {
+    const bool trusted = c >= 0 && trusts(c);
+    const bool rescore = c >= 0 && !trusted && rescorable(c);
+    candidates = candidates && !trusted;
+    Opened& o = make_opened(v, candidates || rescore);
+    const int32_t begin = num_kids_;
+    float sum = 0.0f;
+    if (c >= 0) {
+      const uint64_t in = o.count > 0 ? rank_mask(o.row, o.count, table_.k(), t_.tokens[c]) : 0;
+      o.taken = in;
+      if (in != 0 && rescore) rescore_child(c, d, o, in);
+      sum += t_.p[c];
+      if (sum > 1.0f) t_.p[c] /= sum;
+      t_.f[c] = t_.f[v] * static_cast<double>(t_.p[c]);
+      s_.kids[static_cast<size_t>(num_kids_++)] = item_key(t_.f[c], node_code(c));
+    }
+    o.kid_next = begin;
+    o.kid_end = num_kids_;
+    o.candidate = 0;
+    if (candidates) {
+      o.room = std::max(0.0f, 1.0f - std::min(sum, 1.0f));
+      next_candidate(v, o, 0);
+    }
+    push_best(o);
   }
 
   // The p of v's rank-j candidate: its calibrated p, at most the room v's children leave.
   float candidate_p(const Opened& o, int32_t depth, int32_t j) const {
     return std::min(p_of(kRecycledSource, depth, recycled_match(j, o.pair, o.stale), o.row[j].prob), o.room);
   }
-  // Pushes v's first candidate from rank j on whose token is not a child of v yet, when its f is good.
-  // Ranks come one at a time: the next is pushed when this one is taken.
-  void push_next(int32_t v, int32_t j) {
-    Opened& o = opened(v);
-    while (j < o.count && (o.taken >> j & 1u) != 0) ++j;
-    if (j >= o.count) return;
+  // o.candidate: node v's (o's) first candidate from rank j on whose token is not a child of v yet, when
+  // its f is good (else 0). Ranks come one at a time: the next is found when this one is taken.
+  void next_candidate(int32_t v, Opened& o, int32_t j) {
+    o.candidate = 0;
+    // Ranks j .. count - 1 whose token is not a child yet (count <= kMaxRecycledK < 64, j <= count).
+    const uint64_t free = ~o.taken & ((uint64_t{1} << o.count) - 1) & (~uint64_t{0} << j);
+    if (free == 0) return;
+    j = __builtin_ctzll(free);
     o.pending_p = candidate_p(o, t_.depth[v] + 1, j);
     const double f = t_.f[v] * static_cast<double>(o.pending_p);
-    if (good(f)) push(item_key(f, candidate_code(v, j)));
+    if (good(f)) o.candidate = item_key(f, candidate_code(v, j));
   }
 
-  // Creates the node of u's rank-j candidate (f: its key's) and pushes u's next candidate.
+  // Creates the node of u's rank-j candidate (f: its key's) and puts u's next item on the frontier.
   int32_t take(int32_t u, int32_t j, double f) {
     Opened& o = opened(u);
     const float p = o.pending_p;  // the candidate is u's one on the frontier
@@ -325,7 +418,8 @@ class Selector {
     const int32_t match = recycled_match(j, o.pair, o.stale);
     o.room = std::max(0.0f, o.room - p);
     o.taken |= uint64_t{1} << j;
-    push_next(u, j + 1);
+    next_candidate(u, o, j + 1);
+    push_best(o);
     const int32_t v = t_.new_child(u, c.id);
     t_.source[v] = static_cast<int8_t>(kRecycledSource);
     t_.raw[v] = c.prob;
@@ -343,6 +437,7 @@ class Selector {
   std::vector<int32_t>& seq_;
   RecycleScratch& s_;
   bool top_free_ = false;
+  Key hand_ = 0;
   int32_t num_opened_ = 0;  // entries of s_.opened in use
   int32_t num_kids_ = 0;    // of s_.kids
   // The least good f: min_f, or the least positive double when min_f <= 0 (a NaN min_f stays: none is).

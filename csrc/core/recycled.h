@@ -17,6 +17,10 @@
 #include "core/calibration.h"
 #include "core/draft_tree.h"
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 namespace sssd {
 
 constexpr int32_t kMaxRecycledK = 32;           // candidates per token at most (top-k of the model)
@@ -32,6 +36,30 @@ struct RecycledCandidate {
   int32_t id;  // -1: none (past the row's count)
   float prob;
 };
+
+#if defined(__SSE2__)
+// The ids of a row of 8 candidates (k = 8, the default; the row is one cache line), in two vectors: ids
+// 0-3 and 4-7. A row's count and a token's rank in it in a few instructions (x86; other targets count and
+// compare one id at a time).
+struct RowIds8 {
+  __m128i lo, hi;
+  explicit RowIds8(const RecycledCandidate* row) {
+    const auto* f = reinterpret_cast<const float*>(row);  // id, prob, id, prob, ...
+    lo = _mm_castps_si128(_mm_shuffle_ps(_mm_loadu_ps(f), _mm_loadu_ps(f + 4), _MM_SHUFFLE(2, 0, 2, 0)));
+    hi = _mm_castps_si128(_mm_shuffle_ps(_mm_loadu_ps(f + 8), _mm_loadu_ps(f + 12), _MM_SHUFFLE(2, 0, 2, 0)));
+  }
+  // Bit j set: id j < 0.
+  int32_t negative() const {
+    return _mm_movemask_ps(_mm_castsi128_ps(lo)) | _mm_movemask_ps(_mm_castsi128_ps(hi)) << 4;
+  }
+  // Bit j set: id j == token.
+  uint64_t equal(int32_t token) const {
+    const __m128i t = _mm_set1_epi32(token);
+    return static_cast<uint64_t>(_mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(lo, t))) |
+                                 _mm_movemask_ps(_mm_castsi128_ps(_mm_cmpeq_epi32(hi, t))) << 4);
+  }
+};
+#endif
 
 // An allocator with 64-byte (cache line) alignment: a table's rows start on a line, so with k = 8 a row
 // (64 bytes) is one line.
@@ -86,6 +114,20 @@ class RecycledTable {
     if (stamp != nullptr) *stamp = pair_stamps_[slot];
     return count(*row);
   }
+  // Asks for the lines lookup_pair(a, t) and lookup(t) read, without waiting for them: a lookup soon
+  // after finds them in cache.
+  void prefetch(int32_t a, int32_t t) const {
+    const auto r = static_cast<uint64_t>(t);
+    if (t >= 0 && r < num_rows_) {
+      __builtin_prefetch(rows_.data() + r * static_cast<uint64_t>(k_));
+      __builtin_prefetch(stamps_.data() + r);
+    }
+    if (pair_keys_.empty() || a < 0 || t < 0) return;
+    const uint64_t slot = pair_slot(pair_key(a, t));
+    __builtin_prefetch(pair_keys_.data() + slot);
+    __builtin_prefetch(pair_rows_.data() + slot * static_cast<uint64_t>(k_));
+    __builtin_prefetch(pair_stamps_.data() + slot);
+  }
   int64_t rows_recorded() const { return recorded_; }
   void clear();
 
@@ -97,8 +139,14 @@ class RecycledTable {
   // Multiplicative hashing: the top bits of key * 2^64 / phi (one slot: shift 64, which C++ leaves undefined).
   uint64_t pair_slot(uint64_t key) const { return pair_shift_ >= 64 ? 0 : (key * 0x9E3779B97F4A7C15ull) >> pair_shift_; }
   // A row's candidates come first, then ids -1: its count is the number of ids >= 0, counted without a
-  // branch (an early exit on the first -1 mispredicts as often as counts vary).
-  int32_t count(const RecycledCandidate* row) const { return k_ == 8 ? count_of<8>(row) : count_of<0>(row); }
+  // branch (an early exit on the first -1 mispredicts as often as counts vary); with k = 8 on x86 it is
+  // the position of the first id < 0, read from the ids' sign bits.
+  int32_t count(const RecycledCandidate* row) const {
+#if defined(__SSE2__)
+    if (k_ == 8) return __builtin_ctz(static_cast<uint32_t>(RowIds8(row).negative()) | 0x100u);
+#endif
+    return k_ == 8 ? count_of<8>(row) : count_of<0>(row);
+  }
   template <int32_t K>  // K > 0: k_ == K, a fixed trip count the compiler unrolls (8: the default k)
   int32_t count_of(const RecycledCandidate* row) const {
     int32_t c = 0;
@@ -147,17 +195,21 @@ struct RecycleScratch {
     bool stale;      // the row is older than the request (RecycleParams::fresh_since)
     float room;      // the p mass left to the node's recycled children
     uint64_t taken;  // bit j: the node has the rank-j candidate's token as a child
-    float pending_p;  // the p of the node's candidate on the frontier (a node has one there at most)
-    int32_t kid_next, kid_end;  // its children's keys not on the frontier yet: kids[kid_next .. kid_end)
+    float pending_p;  // the p of the node's next candidate (`candidate`)
+    int32_t kid_next, kid_end;  // its children's keys not taken yet, best last: kids[kid_next .. kid_end)
+    unsigned __int128 candidate;  // the key of its next candidate (0: none)
   };
   using Key = unsigned __int128;  // a heap item (a tree node or a recycled candidate) as one integer
   std::vector<Key> heap;          // max-heap of the frontier
   std::vector<int32_t> slot;      // [tree nodes] index in `opened` (written when a node is opened)
   std::vector<Opened> opened;     // [opened nodes] (its first entries)
-  std::vector<Key> kids;          // the opened nodes' children's keys, each node's best first
+  std::vector<Key> kids;          // the opened nodes' children's keys, each node's best last
   std::vector<int32_t> width;     // [max_depth + 2] nodes selected at each depth
   std::vector<float> bound;       // [max_depth + 1] largest calibrated p of a candidate at each depth
-  uint64_t bound_version = 0;     // of the calibration `bound` was computed from (0: none, p = raw)
+  // [2, max_depth + 1, kStaleRowMatch + 1] the calibration group of (recycled / rescored source, depth,
+  // match feature)
+  std::vector<int32_t> groups;
+  uint64_t bound_version = 0;     // of the calibration `bound` and `groups` were computed from (0: none)
   int32_t bound_depth = -1;       // and its max_depth (-1: not computed yet)
 };
 
@@ -174,13 +226,15 @@ struct RecycleScratch {
 //    becomes a kRescoredSource node (raw = the retrieval p). A child absent from the row keeps its
 //    retrieval score (the absent group would map every source and match length to one average).
 // 2. The children's p are normalized as fuse_finish does (scaled to sum 1 when their sum exceeds it), f(c) =
-//    f(node) * p(c), and they join the frontier, best first: only a node's best child not taken yet is on
-//    it (taking that child puts the next there), which selects as having them all there would.
+//    f(node) * p(c), and they join the frontier in order (below).
 // 3. Recycled candidates: the row's first candidate whose token is not a child yet joins the frontier with
 //    p = min(cal(kRecycledSource, depth, recycled_match(rank, pair), its recorded probability), room),
 //    where room is the mass the node's children leave (1 - their p sum) less what its recycled children
-//    already took; taking one creates the node and puts the row's next candidate on the frontier. Only
-//    the root, recycled nodes and (from_every_node) every node get candidates; none with f < min_f.
+//    already took; taking one creates the node and makes the row's next candidate the node's. Only the
+//    root, recycled nodes and (from_every_node) every node get candidates; none with f < min_f.
+// The frontier holds one item per opened node, the first of its best child not taken yet and its candidate
+// (taking it puts the node's next there), which selects as having every child and candidate there would;
+// an item taken right after it joined (a chain of nodes) never enters the heap.
 // A node with a retrieval child continuing a match of at least trust_match tokens (when > 0) skips 1 and
 // 3: its row is not read, its children keep their retrieval p (2 still applies).
 // Ties in f go to the lower node, tree nodes before candidates, then the lower rank. With no candidate

@@ -14,22 +14,23 @@ from sssd.drafter.calibration import SOURCES, CalibrationTable
 OPTS = {"max_depth": 8, "min_f": 1e-4, "cap": 16, "from_every_node": True}
 
 
-def padded(table):
-    """Every row as long as the longest: shorter ones repeat their last candidate (a repeated token is
-    kept once, at its first rank)."""
-    k = max((len(ids) for ids, _ in table.values()), default=1)
+def padded(table, width=1):
+    """Every row as long as the longest (at least ``width``): shorter ones repeat their last candidate (a
+    repeated token is kept once, at its first rank)."""
+    k = max([width] + [len(ids) for ids, _ in table.values()])
     return {
         t: (list(i) + [i[-1]] * (k - len(i)), list(p) + [p[-1]] * (k - len(p))) for t, (i, p) in table.items()
     }
 
 
-def native(tree, table, cal=None, pairs=None, stale_keys=None, **opts):
+def native(tree, table, cal=None, pairs=None, stale_keys=None, width=1, **opts):
     """The native selection in ``tree`` (lists) with ``table`` (token -> (ids, probs), padded) and
-    ``pairs`` ((previous token, token) -> (ids, probs), padded to the same width): the pair rows are
-    recorded first, so the table's rows are the tokens' own. stale_keys (tokens and pairs of the two):
-    their records are older than the request (stamp 1, the others 2, fresh_since 2)."""
+    ``pairs`` ((previous token, token) -> (ids, probs), padded to the same width, at least ``width``: the
+    table's k; 8 takes the vector path): the pair rows are recorded first, so the table's rows are the
+    tokens' own. stale_keys (tokens and pairs of the two): their records are older than the request
+    (stamp 1, the others 2, fresh_since 2)."""
     pairs = pairs or {}
-    rows = list(padded({**{("pair", *key): r for key, r in pairs.items()}, **table}).items())
+    rows = list(padded({**{("pair", *key): r for key, r in pairs.items()}, **table}, width).items())
     rows = [((k[1], k[2]) if isinstance(k, tuple) else (-1, k), r) for k, r in rows]
     k = max((len(r[0]) for _, r in rows), default=1)
     ids = np.zeros((len(rows), k), np.int32)
@@ -218,6 +219,20 @@ def test_candidates_get_the_room_the_children_leave():
     assert native(root_tree(), {5: ([1, 2], [0.75, 0.4])}, cap=2)["p"][2] == 0.25
 
 
+@pytest.mark.parametrize("width", [8, 9])
+def test_every_rank_of_a_full_row_is_a_candidate(width):
+    """k = 8 (the vector path) and 9: a row of k candidates whose first k - 1 are the node's children
+    leaves the last rank, and only it, to the candidates; a row of fewer ends where its ids do."""
+    ids = list(range(1, width + 1))
+    probs = [0.01] * width
+    nodes = [(0, -1, 1.0, -1, 0)] + [(t, 0, 0.1, 0, 1) for t in ids[:-1]]
+    out = native(tree_of(*nodes), {0: (ids, probs)}, width=width, cap=width + 4)
+    assert out["tokens"][width:] == [width]
+    assert out["match_len"][width:] == [ref.recycled_match(width - 1, False)]
+    short = native(tree_of(*nodes), {0: (ids[:-1], probs[:-1])}, width=width, cap=width + 4)
+    assert len(short["tokens"]) == width  # the children only: every rank of the row is a child
+
+
 def test_from_the_root_only():
     tree = {"tokens": [5, 7], "parents": [-1, 0], "p": [1.0, 0.5], "f": [1.0, 0.5], "source": [-1, 0]}
     table = {7: ([1], [0.5]), 5: ([2], [0.5])}
@@ -353,11 +368,11 @@ def oracle(tree, table, cal, pairs=None, **opts):
     )
 
 
-@given(cases(), st.sampled_from([None, 0, 1]))
-def test_matches_the_oracle(case, seed):
+@given(cases(), st.sampled_from([None, 0, 1]), st.sampled_from([1, 8]))
+def test_matches_the_oracle(case, seed, width):
     tree, table, pairs, opts, stale_keys = case
     cal = None if seed is None else random_table(seed).native()
-    got = native(tree, table, cal, pairs, stale_keys, **opts)
+    got = native(tree, table, cal, pairs, stale_keys, width, **opts)
     table, pairs, stale, stale_pairs = held(table, pairs, stale_keys=stale_keys or ())
     want = oracle(tree, table, cal, pairs, stale=stale, stale_pairs=stale_pairs, **opts)
     for key, v in got.items():
@@ -381,14 +396,16 @@ def test_matches_the_oracle_on_large_trees(seed):
         tree["source"].append(int(rng.integers(3)))
         tree["match_len"].append(int(rng.choice([1, 4, 9])))
     table = {}
+    k = 3 if seed % 4 < 2 else 8  # 8: the default k, the vector path (rows of 1 to 8 candidates)
     for t in range(vocab):
-        ids = rng.choice(vocab, size=3, replace=False).tolist()
-        table[t] = (ids, sorted(np.float32(rng.uniform(0, 1, 3)).tolist(), reverse=True))
+        m = k if k == 3 else int(rng.integers(1, k + 1))
+        ids = rng.choice(vocab, size=m, replace=False).tolist()
+        table[t] = (ids, sorted(np.float32(rng.uniform(0, 1, m)).tolist(), reverse=True))
     opts = {"cap": int(rng.choice([1, 8, 16, 40, 64])), "min_f": float(rng.choice([0.0, 1e-4]))}
     opts["trust_match"] = int(rng.choice([0, 4, 9]))
     cal = None if seed % 3 == 0 else random_table(seed).native()
     stale = {int(t) for t in rng.choice(vocab, size=vocab // 2, replace=False)} if seed % 2 else None
-    got = native(tree, table, cal, None, stale, **opts)
+    got = native(tree, table, cal, None, stale, k, **opts)
     want = oracle(tree, table, cal, stale=stale or (), **opts)
     for key, v in got.items():
         assert v == pytest.approx(want[key], rel=0, abs=0), key
