@@ -356,14 +356,7 @@ class Selector {
       for (; i > begin && kids[i - 1] > key; --i) kids[i] = kids[i - 1];
       kids[i] = key;
     }
-    o.kid_next = begin;
-    o.kid_end = num_kids_;
-    o.candidate = 0;
-    if (candidates) {
-      o.room = std::max(0.0f, 1.0f - std::min(sum, 1.0f));
-      next_candidate(v, o, 0);
-    }
-    push_best(o);
+    finish_open(v, o, begin, sum, candidates);
   }
 
   // open(v) when v has one child (c) or none (c < 0), as open does it without the walks and the sort.
@@ -383,6 +376,12 @@ class Selector {
       t_.f[c] = t_.f[v] * static_cast<double>(t_.p[c]);
       s_.kids[static_cast<size_t>(num_kids_++)] = item_key(t_.f[c], node_code(c));
     }
+    finish_open(v, o, begin, sum, candidates);
+  }
+
+  // The end of opening v (o): its children's keys are s_.kids[begin .. num_kids_), their p sum `sum`;
+  // its first candidate when it gets them, and its first item on the frontier.
+  void finish_open(int32_t v, Opened& o, int32_t begin, float sum, bool candidates) {
     o.kid_next = begin;
     o.kid_end = num_kids_;
     o.candidate = 0;
